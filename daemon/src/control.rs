@@ -1,0 +1,310 @@
+//! Control requests from the CLI: status, init, workspaces, ingest, stop.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use alexandria_proto::{ControlReply, ControlRequest, ErrorCode};
+use serde_json::json;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::daemon::DaemonContext;
+use crate::error::ToolError;
+use crate::index;
+use crate::socket::{Frame, read_frame};
+use crate::store::Store;
+
+const REQUEST_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+pub async fn handle(
+    mut reader: BufReader<OwnedReadHalf>,
+    mut writer: OwnedWriteHalf,
+    context: Arc<DaemonContext>,
+) -> anyhow::Result<()> {
+    let mut buffer = Vec::new();
+    if !matches!(
+        read_frame(&mut reader, &mut buffer, REQUEST_MAX_BYTES).await?,
+        Frame::Line
+    ) {
+        return Ok(());
+    }
+    let request: ControlRequest = match serde_json::from_slice(&buffer) {
+        Ok(request) => request,
+        Err(e) => {
+            let reply = ControlReply::Failed {
+                code: ErrorCode::InvalidArgument.as_str().into(),
+                message: format!("unknown control request: {e}"),
+                hint: "the CLI and the daemon are different builds: reinstall alexandria".into(),
+            };
+            writer.write_all(&alexandria_proto::to_line(&reply)).await?;
+            return Ok(());
+        }
+    };
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<ControlReply>();
+    let stop = matches!(request, ControlRequest::Stop);
+    let worker_context = Arc::clone(&context);
+    let worker = tokio::task::spawn_blocking(move || {
+        let progress = sender.clone();
+        let reply = match run(&worker_context, request, &|done, total, item: &str| {
+            let _ = progress.send(ControlReply::Progress {
+                done,
+                total,
+                item: item.to_string(),
+            });
+        }) {
+            Ok(reply) => reply,
+            Err(error) => ControlReply::Failed {
+                code: error.code.as_str().into(),
+                message: error.message,
+                hint: error.hint,
+            },
+        };
+        let _ = sender.send(reply);
+    });
+    while let Some(reply) = receiver.recv().await {
+        let _ = writer.write_all(&alexandria_proto::to_line(&reply)).await;
+    }
+    let _ = writer.flush().await;
+    if let Err(join_error) = worker.await {
+        let reply = ControlReply::Failed {
+            code: ErrorCode::Internal.as_str().into(),
+            message: format!("the request crashed: {join_error}"),
+            hint: "this is a bug; the daemon log has details".into(),
+        };
+        let _ = writer.write_all(&alexandria_proto::to_line(&reply)).await;
+    }
+    if stop {
+        let _ = writer.shutdown().await;
+        context.shutdown();
+    }
+    Ok(())
+}
+
+fn done(text: String, data: serde_json::Value) -> ControlReply {
+    ControlReply::Done { text, data }
+}
+
+fn run(
+    context: &DaemonContext,
+    request: ControlRequest,
+    progress: &dyn Fn(u64, u64, &str),
+) -> Result<ControlReply, ToolError> {
+    let store = &context.store;
+    match request {
+        ControlRequest::Status => {
+            let status = context.status();
+            let mut text = format!(
+                "alexandriad {} (pid {}), up {}s\nhome:   {}\nsocket: {}\nhttp:   {}\nsessions: {}\n",
+                status["version"].as_str().unwrap_or(""),
+                status["pid"],
+                status["uptime_secs"],
+                status["home"].as_str().unwrap_or(""),
+                status["socket"].as_str().unwrap_or(""),
+                status["http"].as_str().unwrap_or("off"),
+                status["sessions"].as_array().map_or(0, Vec::len),
+            );
+            for session in status["sessions"].as_array().into_iter().flatten() {
+                text.push_str(&format!(
+                    "  - {} {} {} parent {} ({}) client {} {} · {} calls, last {}\n",
+                    session["transport"].as_str().unwrap_or(""),
+                    session["binding"].as_str().unwrap_or(""),
+                    session["workspace"].as_str().unwrap_or("*"),
+                    session["parent_pid"],
+                    session["parent_name"].as_str().unwrap_or("?"),
+                    session["client_name"].as_str().unwrap_or("?"),
+                    session["client_version"].as_str().unwrap_or(""),
+                    session["calls"],
+                    session["last_call_at"].as_str().unwrap_or("never"),
+                ));
+            }
+            Ok(done(text.trim_end().to_string(), status))
+        }
+        ControlRequest::Init => {
+            let workspaces = store.list_workspaces();
+            Ok(done(
+                format!(
+                    "alexandria is ready.\nhome:       {}\nworkspaces: {}\nNext: alexandria ingest global <files…>, then register the MCP server (see README).",
+                    store.home.root().display(),
+                    workspaces.join(", ")
+                ),
+                json!({"home": store.home.root().display().to_string(), "workspaces": workspaces}),
+            ))
+        }
+        ControlRequest::WorkspaceCreate { slug } => {
+            let dir = store.create_workspace(&slug)?;
+            index::catch_up(store, &slug)?;
+            Ok(done(
+                format!("created workspace '{slug}' at {}", dir.display()),
+                json!({"workspace": slug, "path": dir.display().to_string()}),
+            ))
+        }
+        ControlRequest::WorkspaceList => {
+            let connection = store.pool.get()?;
+            let mut text = String::new();
+            let mut list = Vec::new();
+            for slug in store.list_workspaces() {
+                let counts = index::counts(&connection, &slug, 0)?;
+                text.push_str(&format!(
+                    "{slug:<24} {:>6} wiki pages {:>6} raw sources\n",
+                    counts.wiki, counts.raw
+                ));
+                list.push(json!({"workspace": slug, "wiki_pages": counts.wiki, "raw_sources": counts.raw}));
+            }
+            Ok(done(text.trim_end().to_string(), json!(list)))
+        }
+        ControlRequest::Ingest { workspace, files } => ingest(store, &workspace, &files, progress),
+        ControlRequest::Stop => Ok(done(
+            format!("alexandriad (pid {}) is stopping", std::process::id()),
+            json!({"pid": std::process::id()}),
+        )),
+    }
+}
+
+/// A name for `source` in `raw/`: its file name, made unique unless the same
+/// content is already there. Returns `None` when an identical copy exists.
+fn raw_destination(
+    raw_dir: &Path,
+    source: &Path,
+    bytes: &[u8],
+) -> Result<Option<PathBuf>, ToolError> {
+    let name = source.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        ToolError::invalid_argument(
+            format!("{} has no usable file name", source.display()),
+            "rename the file to a UTF-8 name",
+        )
+    })?;
+    let name = name.trim_start_matches('.').replace(['\\', '%'], "_");
+    if name.is_empty() {
+        return Err(ToolError::invalid_argument(
+            format!("{} has no usable file name", source.display()),
+            "rename the file",
+        ));
+    }
+    let (stem, extension) = match name.rsplit_once('.') {
+        Some((stem, ext)) if !stem.is_empty() => (stem.to_string(), format!(".{ext}")),
+        _ => (name.clone(), String::new()),
+    };
+    for n in 1..10_000 {
+        let candidate = if n == 1 {
+            raw_dir.join(&name)
+        } else {
+            raw_dir.join(format!("{stem}-{n}{extension}"))
+        };
+        match std::fs::read(&candidate) {
+            Ok(existing) if existing == bytes => return Ok(None),
+            Ok(_) => continue,
+            Err(_) => return Ok(Some(candidate)),
+        }
+    }
+    Err(ToolError::invalid_argument(
+        format!("too many files named like {name}"),
+        "rename the file",
+    ))
+}
+
+fn ingest(
+    store: &Arc<Store>,
+    workspace: &str,
+    files: &[String],
+    progress: &dyn Fn(u64, u64, &str),
+) -> Result<ControlReply, ToolError> {
+    store.require_workspace(workspace)?;
+    let raw_dir = store.workspace_dir(workspace).join("raw");
+    let state = store.state(workspace);
+    let _write = state.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let total = files.len() as u64;
+    let mut added = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, file) in files.iter().enumerate() {
+        let source = Path::new(file);
+        let bytes = std::fs::read(source).map_err(|e| {
+            ToolError::new(
+                ErrorCode::NotFound,
+                format!("cannot read {file}: {e}"),
+                "check the path and permissions",
+            )
+        })?;
+        match raw_destination(&raw_dir, source, &bytes)? {
+            None => skipped.push(file.clone()),
+            Some(destination) => {
+                let temp = raw_dir.join(format!(".ingest-{}", uuid::Uuid::new_v4().simple()));
+                std::fs::write(&temp, &bytes)
+                    .and_then(|()| std::fs::File::open(&temp)?.sync_all())
+                    .and_then(|()| std::fs::rename(&temp, &destination))
+                    .map_err(|e| {
+                        let _ = std::fs::remove_file(&temp);
+                        ToolError::internal("copying into raw/", e)
+                    })?;
+                added.push(destination);
+            }
+        }
+        progress(i as u64 + 1, total, file);
+    }
+    let relative: Vec<String> = added
+        .iter()
+        .filter_map(|p| p.strip_prefix(store.workspace_dir(workspace)).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !relative.is_empty() {
+        commit_paths(
+            store,
+            workspace,
+            &relative,
+            &format!("alexandria: ingest {} source(s)", relative.len()),
+        )
+        .map_err(|e| ToolError::internal("committing ingested sources", e))?;
+    }
+    let connection = store.pool.get()?;
+    let mut problems = Vec::new();
+    {
+        let _index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+        for (path, absolute) in relative.iter().zip(&added) {
+            let record = index::index_file(&connection, workspace, path, absolute)?;
+            if record.kind == "pdf" && record.pages.unwrap_or(0) == 0 {
+                problems.push(format!("{path}: no readable pages"));
+            }
+        }
+    }
+    let mut text = format!(
+        "ingested {} file(s) into {workspace}/raw ({} already present)",
+        relative.len(),
+        skipped.len()
+    );
+    for path in &relative {
+        text.push_str(&format!("\n  + {path}"));
+    }
+    for problem in &problems {
+        text.push_str(&format!("\n  ! {problem}"));
+    }
+    Ok(done(
+        text,
+        json!({"workspace": workspace, "added": relative, "unchanged": skipped, "problems": problems}),
+    ))
+}
+
+/// Commit `paths` (workspace-relative) on top of HEAD.
+fn commit_paths(
+    store: &Store,
+    workspace: &str,
+    paths: &[String],
+    message: &str,
+) -> Result<(), git2::Error> {
+    let repo = git2::Repository::open(store.workspace_dir(workspace))?;
+    let mut index = repo.index()?;
+    for path in paths {
+        index.add_path(Path::new(path))?;
+    }
+    index.write()?;
+    let tree = repo.find_tree(index.write_tree()?)?;
+    let signature = git2::Signature::now("alexandria", "alexandria@localhost")?;
+    let parent = repo.head()?.peel_to_commit()?;
+    repo.commit(
+        Some("HEAD"),
+        &signature,
+        &signature,
+        message,
+        &tree,
+        &[&parent],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! The daemon's life: take the pidfile lock, open the store, bind the socket, report
+//! ready, keep the index current, serve until stopped, clean up.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use alexandria_proto::{BUILD, Home, PROTOCOL_VERSION, StartupNotice};
+use anyhow::{Context, Result, anyhow};
+use serde_json::{Value, json};
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+
+use crate::sessions::Sessions;
+use crate::store::Store;
+use crate::{index, socket};
+
+/// How often the index is compared with the disk to pick up outside edits.
+const RESCAN_INTERVAL: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    pub home: Home,
+    /// Started by a shim: report readiness on stdout, then detach from it.
+    pub spawned: bool,
+}
+
+/// State shared by every connection.
+pub struct DaemonContext {
+    pub store: Arc<Store>,
+    pub sessions: Sessions,
+    pub started: Instant,
+    shutdown: watch::Sender<bool>,
+}
+
+impl DaemonContext {
+    pub fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    pub fn status(&self) -> Value {
+        json!({
+            "running": true,
+            "pid": std::process::id(),
+            "version": BUILD,
+            "protocol": PROTOCOL_VERSION,
+            "uptime_secs": self.started.elapsed().as_secs(),
+            "home": self.store.home.root().display().to_string(),
+            "socket": self.store.home.socket().display().to_string(),
+            "http": Value::Null,
+            "sessions": self.sessions.snapshot(),
+            "workspaces": self.store.list_workspaces(),
+        })
+    }
+}
+
+/// Run the daemon until it is stopped. Blocks.
+pub fn run(options: DaemonOptions) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(32)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run_async(options))
+}
+
+async fn run_async(options: DaemonOptions) -> Result<()> {
+    let started = match start(&options).await {
+        Ok(started) => started,
+        Err(error) => {
+            notify(&StartupNotice::Failed {
+                message: format!("{error:#}"),
+            });
+            return Err(error);
+        }
+    };
+    let (listener, context, pid_lock) = started;
+    notify(&StartupNotice::Ready {
+        pid: std::process::id(),
+        socket: context.store.home.socket().display().to_string(),
+    });
+    if options.spawned {
+        silence_stdout();
+    }
+    tracing::info!(
+        pid = std::process::id(),
+        version = BUILD,
+        "alexandriad ready"
+    );
+    tokio::spawn(keep_index_current(Arc::clone(&context)));
+    let signals = tokio::spawn(wait_for_signal(Arc::clone(&context)));
+    socket::serve(listener, Arc::clone(&context)).await;
+    signals.abort();
+    let _ = std::fs::remove_file(context.store.home.socket());
+    let _ = std::fs::remove_file(context.store.home.pid_file());
+    drop(pid_lock);
+    tracing::info!("alexandriad stopped");
+    Ok(())
+}
+
+async fn start(options: &DaemonOptions) -> Result<(UnixListener, Arc<DaemonContext>, File)> {
+    let home = options.home.clone();
+    crate::store::ensure_layout(&home)
+        .with_context(|| format!("cannot create the home {}", home.root().display()))?;
+    let pid_lock = lock_pidfile(&home)?;
+    let store = tokio::task::spawn_blocking({
+        let home = home.clone();
+        move || Store::open(home)
+    })
+    .await
+    .context("opening the store panicked")?
+    .context("cannot open the store")?;
+    // We hold the pidfile lock, so no other daemon owns this socket: a leftover file
+    // is stale.
+    let socket = home.socket();
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket)
+        .with_context(|| format!("cannot listen on {}", socket.display()))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", socket.display()))?;
+    let (shutdown, _) = watch::channel(false);
+    let context = Arc::new(DaemonContext {
+        store,
+        sessions: Sessions::default(),
+        started: Instant::now(),
+        shutdown,
+    });
+    Ok((listener, context, pid_lock))
+}
+
+/// Lock `run/daemon.pid` for the daemon's lifetime and write "pid version" into it.
+fn lock_pidfile(home: &Home) -> Result<File> {
+    let path = home.pid_file();
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            return Err(anyhow!(
+                "another alexandriad is already running (pidfile {}: {})",
+                path.display(),
+                holder.trim()
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+        }
+    }
+    file.set_len(0)?;
+    writeln!(file, "{} {}", std::process::id(), BUILD)?;
+    file.sync_all()?;
+    Ok(file)
+}
+
+/// Print the startup notice on stdout for whoever spawned us.
+fn notify(notice: &StartupNotice) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(&alexandria_proto::to_line(notice));
+    let _ = stdout.flush();
+}
+
+/// Point stdout at /dev/null so that nothing later can write into the spawner's pipe
+/// (which is gone once the spawning shim exits).
+fn silence_stdout() {
+    match File::options().write(true).open("/dev/null") {
+        Ok(null) => {
+            if let Err(error) = rustix::stdio::dup2_stdout(&null) {
+                tracing::warn!(%error, "cannot detach stdout");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "cannot open /dev/null"),
+    }
+    // A new session, so the client's terminal signals never reach the daemon.
+    let _ = rustix::process::setsid();
+}
+
+async fn wait_for_signal(context: Arc<DaemonContext>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    context.shutdown();
+}
+
+/// Catch up with the disk at start, then rescan periodically for outside edits.
+async fn keep_index_current(context: Arc<DaemonContext>) {
+    loop {
+        let store = Arc::clone(&context.store);
+        let scan = tokio::task::spawn_blocking(move || {
+            for slug in store.list_workspaces() {
+                match index::catch_up(&store, &slug) {
+                    Ok(result) if result.indexed + result.removed > 0 => {
+                        tracing::info!(workspace = %slug, ?result, "index caught up");
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(workspace = %slug, %error, "catch-up failed"),
+                }
+            }
+        });
+        if let Err(error) = scan.await {
+            tracing::error!(%error, "the index scan panicked");
+        }
+        tokio::time::sleep(RESCAN_INTERVAL).await;
+    }
+}

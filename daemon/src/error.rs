@@ -1,0 +1,99 @@
+//! Tool errors: a code from SPEC §4, a message, a hint and optional details.
+//! `mcp` turns them into `isError` results; `control` into `Failed` replies.
+
+use alexandria_proto::ErrorCode;
+use serde_json::{Map, Value};
+
+/// An error a caller can act on.
+#[derive(Debug, Clone)]
+pub struct ToolError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub hint: String,
+    pub details: Map<String, Value>,
+}
+
+pub type ToolResult<T> = Result<T, ToolError>;
+
+impl ToolError {
+    pub fn new(code: ErrorCode, message: impl Into<String>, hint: impl Into<String>) -> ToolError {
+        ToolError {
+            code,
+            message: message.into(),
+            hint: hint.into(),
+            details: Map::new(),
+        }
+    }
+
+    pub fn with_detail(mut self, key: &str, value: impl Into<Value>) -> ToolError {
+        self.details.insert(key.to_string(), value.into());
+        self
+    }
+
+    pub fn internal(context: &str, error: impl std::fmt::Display) -> ToolError {
+        tracing::error!(%error, context, "internal error");
+        ToolError::new(
+            ErrorCode::Internal,
+            format!("{context}: {error}"),
+            "this is a bug or an environment problem (disk, permissions); the daemon log has details",
+        )
+    }
+
+    pub fn invalid_argument(message: impl Into<String>, hint: impl Into<String>) -> ToolError {
+        ToolError::new(ErrorCode::InvalidArgument, message, hint)
+    }
+
+    pub fn invalid_path(message: impl Into<String>) -> ToolError {
+        ToolError::new(
+            ErrorCode::InvalidPath,
+            message,
+            "paths are workspace-relative and start with raw/ or wiki/, e.g. wiki/index.md; no '..', absolute paths, backslashes or percent-encoding",
+        )
+    }
+
+    pub fn not_found(path: &str) -> ToolError {
+        ToolError::new(
+            ErrorCode::NotFound,
+            format!("{path} does not exist"),
+            "list what exists with search(mode=\"list\", path=\"wiki/**\") or search by content",
+        )
+        .with_detail("path", path)
+    }
+
+    /// The `structuredContent` of an error result.
+    pub fn to_json(&self) -> Value {
+        let mut error = Map::new();
+        error.insert("code".into(), self.code.as_str().into());
+        error.insert("message".into(), self.message.clone().into());
+        error.insert("hint".into(), self.hint.clone().into());
+        for (key, value) in &self.details {
+            error.insert(key.clone(), value.clone());
+        }
+        serde_json::json!({ "error": error })
+    }
+
+    /// The text content of an error result: begins with the code.
+    pub fn to_text(&self) -> String {
+        format!("{}: {}\nhint: {}", self.code, self.message, self.hint)
+    }
+}
+
+impl std::fmt::Display for ToolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ToolError {}
+
+impl From<rusqlite::Error> for ToolError {
+    fn from(error: rusqlite::Error) -> ToolError {
+        ToolError::internal("database", error)
+    }
+}
+
+impl From<r2d2::Error> for ToolError {
+    fn from(error: r2d2::Error) -> ToolError {
+        ToolError::internal("database pool", error)
+    }
+}

@@ -1,0 +1,565 @@
+//! The full-text index and file catalogue in `state.db`: indexing files, catching up
+//! with the disk, ranked search (FTS5 bm25 with snippets) and listings.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use alexandria_proto::ErrorCode;
+use alexandria_proto::paths::Layer;
+use globset::GlobMatcher;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::db::now_ms;
+use crate::error::{ToolError, ToolResult};
+use crate::extract::{self, Kind};
+use crate::store::{Store, revision};
+
+/// Bits of a chunk rowid reserved for the chunk ordinal within its file.
+const CHUNK_BITS: i64 = 20;
+const MAX_CHUNKS: usize = (1 << CHUNK_BITS) - 1;
+
+/// What the catalogue knows about one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRecord {
+    pub id: i64,
+    pub path: String,
+    pub layer: String,
+    pub kind: String,
+    pub size: i64,
+    pub mtime_ns: i64,
+    pub rev: String,
+    pub pages: Option<i64>,
+    pub title: Option<String>,
+}
+
+/// Size and modification time: what tells us a file changed.
+pub fn stat_key(metadata: &std::fs::Metadata) -> (i64, i64) {
+    (
+        metadata.size() as i64,
+        metadata.mtime() * 1_000_000_000 + metadata.mtime_nsec(),
+    )
+}
+
+const FILE_COLUMNS: &str = "id, path, layer, kind, size, mtime_ns, rev, pages, title";
+
+fn file_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<FileRecord> {
+    Ok(FileRecord {
+        id: row.get(0)?,
+        path: row.get(1)?,
+        layer: row.get(2)?,
+        kind: row.get(3)?,
+        size: row.get(4)?,
+        mtime_ns: row.get(5)?,
+        rev: row.get(6)?,
+        pages: row.get(7)?,
+        title: row.get(8)?,
+    })
+}
+
+pub fn lookup(
+    connection: &Connection,
+    workspace: &str,
+    path: &str,
+) -> ToolResult<Option<FileRecord>> {
+    Ok(connection
+        .query_row(
+            &format!("SELECT {FILE_COLUMNS} FROM files WHERE workspace = ?1 AND path = ?2"),
+            params![workspace, path],
+            file_from_row,
+        )
+        .optional()?)
+}
+
+/// (Re)index one file: catalogue row, chunks, citations. Runs inside the caller's
+/// transaction when there is one.
+pub fn index_file(
+    connection: &Connection,
+    workspace: &str,
+    path: &str,
+    absolute: &Path,
+) -> ToolResult<FileRecord> {
+    let metadata = std::fs::metadata(absolute).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ToolError::not_found(path)
+        } else {
+            ToolError::internal("reading file metadata", e)
+        }
+    })?;
+    let (size, mtime_ns) = stat_key(&metadata);
+    let kind = Kind::of(absolute);
+    let layer = path.split('/').next().unwrap_or("wiki").to_string();
+    let (rev, extracted) = if metadata.len() > extract::MAX_INDEXED_BYTES {
+        (
+            format!("size-{size}-{mtime_ns}"),
+            extract::Extracted {
+                problem: Some("too large to index".into()),
+                ..Default::default()
+            },
+        )
+    } else {
+        let bytes = std::fs::read(absolute).map_err(|e| ToolError::internal("reading file", e))?;
+        (revision(&bytes), extract::extract(absolute, kind, &bytes))
+    };
+    if let Some(problem) = &extracted.problem {
+        tracing::info!(workspace, path, problem, "indexed with a problem");
+    }
+    connection.execute(
+        "INSERT INTO files(workspace, path, layer, kind, size, mtime_ns, rev, pages, title, indexed_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+         ON CONFLICT(workspace, path) DO UPDATE SET
+           layer = excluded.layer, kind = excluded.kind, size = excluded.size,
+           mtime_ns = excluded.mtime_ns, rev = excluded.rev, pages = excluded.pages,
+           title = excluded.title, indexed_at = excluded.indexed_at",
+        params![
+            workspace,
+            path,
+            layer,
+            kind.as_str(),
+            size,
+            mtime_ns,
+            rev,
+            extracted.pages.map(i64::from),
+            extracted.title,
+            now_ms()
+        ],
+    )?;
+    let record = lookup(connection, workspace, path)?
+        .ok_or_else(|| ToolError::internal("indexing", "row vanished after upsert"))?;
+    delete_chunks(connection, record.id)?;
+    let mut insert = connection
+        .prepare_cached("INSERT INTO chunks(rowid, page, heading, body) VALUES (?1, ?2, ?3, ?4)")?;
+    for (ordinal, chunk) in extracted.chunks.iter().take(MAX_CHUNKS).enumerate() {
+        let rowid = (record.id << CHUNK_BITS) | ordinal as i64;
+        insert.execute(params![rowid, chunk.page, chunk.heading, chunk.body])?;
+    }
+    let mut cite =
+        connection.prepare_cached("INSERT INTO citations(file_id, target) VALUES (?1, ?2)")?;
+    for citation in &extracted.citations {
+        cite.execute(params![record.id, citation.target])?;
+    }
+    Ok(record)
+}
+
+fn delete_chunks(connection: &Connection, file_id: i64) -> ToolResult<()> {
+    let low = file_id << CHUNK_BITS;
+    let high = low | MAX_CHUNKS as i64;
+    connection.execute(
+        "DELETE FROM chunks WHERE rowid BETWEEN ?1 AND ?2",
+        params![low, high],
+    )?;
+    connection.execute("DELETE FROM citations WHERE file_id = ?1", params![file_id])?;
+    Ok(())
+}
+
+/// Forget a file that no longer exists.
+pub fn remove_file(connection: &Connection, workspace: &str, path: &str) -> ToolResult<()> {
+    if let Some(record) = lookup(connection, workspace, path)? {
+        delete_chunks(connection, record.id)?;
+        connection.execute("DELETE FROM files WHERE id = ?1", params![record.id])?;
+    }
+    Ok(())
+}
+
+/// The catalogue row for a file, re-indexed first if the file changed on disk.
+pub fn ensure_fresh(
+    store: &Store,
+    workspace: &str,
+    path: &str,
+    absolute: &Path,
+) -> ToolResult<FileRecord> {
+    let metadata = match std::fs::metadata(absolute) {
+        Ok(m) if m.is_file() => m,
+        Ok(_) => {
+            return Err(ToolError::invalid_argument(
+                format!("{path} is a directory"),
+                format!("list it with search(mode=\"list\", path=\"{path}/**\") or read a glob"),
+            ));
+        }
+        Err(_) => return Err(ToolError::not_found(path)),
+    };
+    let connection = store.pool.get()?;
+    if let Some(record) = lookup(&connection, workspace, path)?
+        && (record.size, record.mtime_ns) == stat_key(&metadata)
+    {
+        return Ok(record);
+    }
+    let state = store.state(workspace);
+    let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    index_file(&connection, workspace, path, absolute)
+}
+
+/// Result of a catch-up scan.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CatchUp {
+    pub indexed: usize,
+    pub removed: usize,
+    pub unchanged: usize,
+}
+
+/// Catch up once after start before the first query of a workspace is answered.
+pub fn ensure_caught_up(store: &Store, workspace: &str) -> ToolResult<()> {
+    let state = store.state(workspace);
+    if state.caught_up.load(std::sync::atomic::Ordering::Acquire) {
+        return Ok(());
+    }
+    catch_up(store, workspace)?;
+    Ok(())
+}
+
+/// Bring the catalogue of `workspace` in line with the files on disk. Wiki changes
+/// found in a workspace that was indexed before are recorded as outside edits.
+pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
+    let state = store.state(workspace);
+    let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut connection = store.pool.get()?;
+    let known: HashMap<String, (i64, i64)> = {
+        let mut statement =
+            connection.prepare("SELECT path, size, mtime_ns FROM files WHERE workspace = ?1")?;
+        let rows = statement.query_map(params![workspace], |row| {
+            Ok((row.get::<_, String>(0)?, (row.get(1)?, row.get(2)?)))
+        })?;
+        rows.collect::<Result<_, _>>()?
+    };
+    let first_scan = known.is_empty();
+    let root = store.workspace_dir(workspace);
+    let mut seen = std::collections::HashSet::new();
+    let mut changed = Vec::new();
+    let mut result = CatchUp::default();
+    for layer in [Layer::Raw, Layer::Wiki] {
+        let walker = walkdir::WalkDir::new(root.join(layer.as_str()))
+            .follow_links(false)
+            .into_iter()
+            .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
+        for entry in walker.flatten() {
+            if !entry.file_type().is_file() {
+                continue;
+            }
+            let Ok(relative) = entry.path().strip_prefix(&root) else {
+                continue;
+            };
+            let Some(relative) = relative.to_str() else {
+                continue; // non-UTF-8 names cannot be named by tools
+            };
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            seen.insert(relative.to_string());
+            match known.get(relative) {
+                Some(key) if *key == stat_key(&metadata) => result.unchanged += 1,
+                other => changed.push((
+                    relative.to_string(),
+                    entry.path().to_path_buf(),
+                    other.is_none(),
+                )),
+            }
+        }
+    }
+    let removed: Vec<&String> = known.keys().filter(|p| !seen.contains(*p)).collect();
+    for batch in changed.chunks(256) {
+        let transaction = connection.transaction()?;
+        for (relative, absolute, is_new) in batch {
+            match index_file(&transaction, workspace, relative, absolute) {
+                Ok(_) => result.indexed += 1,
+                Err(error) => tracing::warn!(workspace, path = %relative, %error, "cannot index"),
+            }
+            if !first_scan && relative.starts_with("wiki/") {
+                let op = if *is_new {
+                    "outside_create"
+                } else {
+                    "outside_edit"
+                };
+                record_outside(&transaction, workspace, op, relative)?;
+            }
+        }
+        transaction.commit()?;
+    }
+    if !removed.is_empty() {
+        let transaction = connection.transaction()?;
+        for relative in removed {
+            remove_file(&transaction, workspace, relative)?;
+            result.removed += 1;
+            if relative.starts_with("wiki/") {
+                record_outside(&transaction, workspace, "outside_delete", relative)?;
+            }
+        }
+        transaction.commit()?;
+    }
+    state
+        .caught_up
+        .store(true, std::sync::atomic::Ordering::Release);
+    Ok(result)
+}
+
+fn record_outside(
+    connection: &Connection,
+    workspace: &str,
+    op: &str,
+    path: &str,
+) -> ToolResult<()> {
+    connection.execute(
+        "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin)
+         VALUES (?1, ?2, NULL, ?3, ?4, 'changed outside alexandria (editor, git pull …)', 'outside')",
+        params![now_ms(), workspace, op, path],
+    )?;
+    Ok(())
+}
+
+/// One search hit.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Hit {
+    pub path: String,
+    pub layer: String,
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page: Option<i64>,
+    /// Heading trail of the matching section, `"Guide > Install"`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub heading: String,
+    /// Matching text with hits in `**bold**`.
+    pub snippet: String,
+    pub score: f64,
+}
+
+pub struct SearchQuery<'a> {
+    pub workspace: &'a str,
+    pub query: &'a str,
+    pub layer: Option<Layer>,
+    pub scope: Option<&'a GlobMatcher>,
+    /// SQLite GLOB prefilter matching a superset of `scope`.
+    pub scope_sql: Option<String>,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+/// Ranked full-text search. Returns the hits and whether more follow.
+pub fn search(connection: &Connection, query: &SearchQuery<'_>) -> ToolResult<(Vec<Hit>, bool)> {
+    let fts = fts_query(query.query)?;
+    let sql = "SELECT f.path, f.layer, f.kind, chunks.page, chunks.heading,
+                      snippet(chunks, 2, '**', '**', '…', 24), bm25(chunks)
+               FROM chunks JOIN files f ON f.id = (chunks.rowid >> 20)
+               WHERE chunks MATCH ?1 AND f.workspace = ?2
+                 AND (?3 IS NULL OR f.layer = ?3)
+                 AND (?4 IS NULL OR f.path GLOB ?4)
+               ORDER BY bm25(chunks)";
+    let mut statement = connection
+        .prepare_cached(sql)
+        .map_err(|e| query_error(query.query, e))?;
+    let mut rows = statement
+        .query(params![
+            fts,
+            query.workspace,
+            query.layer.map(Layer::as_str),
+            query.scope_sql
+        ])
+        .map_err(|e| query_error(query.query, e))?;
+    let mut hits = Vec::new();
+    let mut skipped = 0;
+    let mut more = false;
+    while let Some(row) = rows.next().map_err(|e| query_error(query.query, e))? {
+        let path: String = row.get(0)?;
+        if let Some(scope) = query.scope
+            && !scope.is_match(&path)
+        {
+            continue;
+        }
+        if skipped < query.offset {
+            skipped += 1;
+            continue;
+        }
+        if hits.len() == query.limit {
+            more = true;
+            break;
+        }
+        hits.push(Hit {
+            path,
+            layer: row.get(1)?,
+            kind: row.get(2)?,
+            page: row.get(3)?,
+            heading: row.get::<_, Option<String>>(4)?.unwrap_or_default(),
+            snippet: row.get::<_, String>(5)?.trim().to_string(),
+            score: -row.get::<_, f64>(6)?,
+        });
+    }
+    Ok((hits, more))
+}
+
+fn query_error(query: &str, error: rusqlite::Error) -> ToolError {
+    let text = error.to_string();
+    // FTS5 reports query syntax problems as plain SQLITE_ERROR at step time.
+    let is_syntax = matches!(
+        &error,
+        rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::Unknown
+    );
+    if is_syntax {
+        ToolError::new(
+            ErrorCode::InvalidQuery,
+            format!("cannot parse the search query {query:?}: {text}"),
+            "use plain words (all must match), \"an exact phrase\", word* for a prefix, OR / NOT between words; or drop the special characters",
+        )
+    } else {
+        ToolError::internal("search", error)
+    }
+}
+
+/// Turn a user query into an FTS5 query. Plain words are quoted so punctuation
+/// cannot break the syntax; queries that use FTS5 syntax on purpose pass through.
+pub fn fts_query(query: &str) -> ToolResult<String> {
+    let trimmed = query.trim();
+    if trimmed.is_empty() {
+        return Err(ToolError::new(
+            ErrorCode::InvalidQuery,
+            "the search query is empty",
+            "pass words to look for, or use mode=\"list\" to list files",
+        ));
+    }
+    let uses_syntax = trimmed.contains(['"', '*', '(', ')', '^'])
+        || trimmed
+            .split_whitespace()
+            .any(|w| matches!(w, "AND" | "OR" | "NOT") || w.starts_with("NEAR("));
+    if uses_syntax {
+        return Ok(trimmed.to_string());
+    }
+    let terms: Vec<String> = trimmed
+        .split_whitespace()
+        .map(|word| format!("\"{}\"", word.replace('"', "\"\"")))
+        .collect();
+    Ok(terms.join(" "))
+}
+
+/// Files of a workspace whose path matches `scope`, sorted by path.
+pub fn list(
+    connection: &Connection,
+    workspace: &str,
+    layer: Option<Layer>,
+    scope: Option<&GlobMatcher>,
+) -> ToolResult<Vec<FileRecord>> {
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT {FILE_COLUMNS} FROM files WHERE workspace = ?1 AND (?2 IS NULL OR layer = ?2) ORDER BY path"
+    ))?;
+    let rows = statement.query_map(params![workspace, layer.map(Layer::as_str)], file_from_row)?;
+    let mut files = Vec::new();
+    for row in rows {
+        let record = row?;
+        if scope.is_none_or(|s| s.is_match(&record.path)) {
+            files.push(record);
+        }
+    }
+    Ok(files)
+}
+
+/// Indexed text of the given pages of a PDF (1-based), in the order asked.
+pub fn pdf_pages(
+    connection: &Connection,
+    file_id: i64,
+    pages: &[u32],
+) -> ToolResult<Vec<(u32, String)>> {
+    let low = file_id << CHUNK_BITS;
+    let high = low | MAX_CHUNKS as i64;
+    let mut statement = connection
+        .prepare_cached("SELECT body FROM chunks WHERE rowid BETWEEN ?1 AND ?2 AND page = ?3")?;
+    let mut result = Vec::with_capacity(pages.len());
+    for page in pages {
+        let text: Option<String> = statement
+            .query_row(params![low, high, page], |row| row.get(0))
+            .optional()?;
+        result.push((*page, text.unwrap_or_default()));
+    }
+    Ok(result)
+}
+
+/// Counts for `guide`.
+pub struct WorkspaceCounts {
+    pub raw: i64,
+    pub wiki: i64,
+    pub uncited: Vec<String>,
+}
+
+pub fn counts(
+    connection: &Connection,
+    workspace: &str,
+    uncited_limit: usize,
+) -> ToolResult<WorkspaceCounts> {
+    let count = |layer: &str| -> ToolResult<i64> {
+        Ok(connection.query_row(
+            "SELECT count(*) FROM files WHERE workspace = ?1 AND layer = ?2",
+            params![workspace, layer],
+            |row| row.get(0),
+        )?)
+    };
+    let mut statement = connection.prepare_cached(
+        "SELECT path FROM files r WHERE r.workspace = ?1 AND r.layer = 'raw'
+           AND NOT EXISTS (SELECT 1 FROM citations c JOIN files w ON w.id = c.file_id
+                           WHERE w.workspace = ?1 AND c.target = r.path)
+         ORDER BY path LIMIT ?2",
+    )?;
+    let uncited = statement
+        .query_map(params![workspace, uncited_limit as i64], |row| row.get(0))?
+        .collect::<Result<Vec<String>, _>>()?;
+    Ok(WorkspaceCounts {
+        raw: count("raw")?,
+        wiki: count("wiki")?,
+        uncited,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_queries_are_quoted() {
+        assert_eq!(fts_query("hello world").expect("ok"), "\"hello\" \"world\"");
+        assert_eq!(fts_query("c++ (x").expect("ok"), "c++ (x");
+        assert_eq!(fts_query("don't").expect("ok"), "\"don't\"");
+        assert!(fts_query("  ").is_err());
+    }
+
+    #[test]
+    fn index_search_and_remove() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(alexandria_proto::Home::new(dir.path())).expect("store");
+        let page = store.workspace_dir("global").join("wiki/zebra.md");
+        std::fs::write(
+            &page,
+            "# Zebras\n\n## Stripes\nThe quokka is not a zebra.\n",
+        )
+        .expect("write");
+        let result = catch_up(&store, "global").expect("catch up");
+        assert!(result.indexed >= 4, "{result:?}");
+        let connection = store.pool.get().expect("conn");
+        let query = SearchQuery {
+            workspace: "global",
+            query: "quokka",
+            layer: None,
+            scope: None,
+            scope_sql: None,
+            limit: 10,
+            offset: 0,
+        };
+        let (hits, more) = search(&connection, &query).expect("search");
+        assert_eq!(hits.len(), 1);
+        assert!(!more);
+        assert_eq!(hits[0].path, "wiki/zebra.md");
+        assert_eq!(hits[0].heading, "Zebras > Stripes");
+        assert!(hits[0].snippet.contains("**quokka**"));
+        let bad = SearchQuery {
+            query: "\"unbalanced",
+            ..query
+        };
+        assert_eq!(
+            search(&connection, &bad).expect_err("bad").code,
+            ErrorCode::InvalidQuery
+        );
+        std::fs::remove_file(&page).expect("rm");
+        drop(connection);
+        let result = catch_up(&store, "global").expect("catch up");
+        assert_eq!(result.removed, 1);
+        let connection = store.pool.get().expect("conn");
+        let query = SearchQuery {
+            query: "quokka",
+            ..bad
+        };
+        assert!(search(&connection, &query).expect("search").0.is_empty());
+    }
+}

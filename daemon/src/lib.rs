@@ -1,0 +1,21 @@
+//! alexandriad: the daemon that owns every workspace and serves them over MCP.
+//!
+//! Dependencies point inward: transports (`socket`, later HTTP) → `mcp` (tool
+//! registration and MCP results) → `tools` (tool logic, blocking) → `store`
+//! (workspaces on disk, git) and `index`/`db` (SQLite state and full-text index).
+
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod db;
+pub mod error;
+pub mod extract;
+pub mod index;
+pub mod markdown;
+pub mod mcp;
+pub mod sessions;
+pub mod socket;
+pub mod store;
+pub mod tools;
+
+pub use daemon::{DaemonOptions, run};

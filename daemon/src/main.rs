@@ -1,0 +1,83 @@
+//! `alexandriad`: a thin main over the daemon library.
+
+use std::process::ExitCode;
+
+use alexandria_daemon::{DaemonOptions, run};
+use alexandria_proto::Home;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+#[derive(Parser)]
+#[command(
+    name = "alexandriad",
+    version = alexandria_proto::BUILD,
+    about = "The alexandria daemon: owns the wikis and serves them over MCP (runs in the foreground)"
+)]
+struct Args {
+    /// Home directory (default: $ALEXANDRIA_HOME, else ~/.alexandria)
+    #[arg(long)]
+    home: Option<std::path::PathBuf>,
+    /// Set by `alexandria` when it starts the daemon in the background
+    #[arg(long, hide = true)]
+    spawned: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let home = match args.home.map(Home::new).or_else(Home::from_env) {
+        Some(home) => home,
+        None => {
+            eprintln!("alexandriad: cannot locate the home: set ALEXANDRIA_HOME or HOME");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _guard = init_logging(&home);
+    match run(DaemonOptions {
+        home,
+        spawned: args.spawned,
+    }) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            eprintln!("alexandriad: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to `logs/daemon.log.<date>` and, when `ALEXANDRIA_LOG` is set, to stderr
+/// with that filter. Never to stdout.
+fn init_logging(home: &Home) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    let stderr_filter = std::env::var("ALEXANDRIA_LOG").ok();
+    let stderr_layer = stderr_filter.as_ref().map(|filter| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(EnvFilter::new(filter))
+    });
+    let _ = std::fs::create_dir_all(home.logs_dir());
+    let (file_layer, guard) = match tracing_appender::rolling::Builder::new()
+        .rotation(tracing_appender::rolling::Rotation::DAILY)
+        .filename_prefix("daemon")
+        .filename_suffix("log")
+        .max_log_files(7)
+        .build(home.logs_dir())
+    {
+        Ok(appender) => {
+            let (writer, guard) = tracing_appender::non_blocking(appender);
+            let layer = tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(writer)
+                .with_filter(EnvFilter::new("info"));
+            (Some(layer), Some(guard))
+        }
+        Err(_) => (None, None),
+    };
+    use tracing_subscriber::Layer;
+    let _ = tracing_subscriber::registry()
+        .with(stderr_layer)
+        .with(file_layer)
+        .try_init();
+    guard
+}

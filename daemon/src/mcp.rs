@@ -1,0 +1,265 @@
+//! The MCP face of alexandria: one rmcp `ServerHandler` shared by every transport.
+//! Tool registration (names, descriptions, schemas, annotations) lives here, and this
+//! is the one module that turns tool outputs and `ToolError`s into MCP results.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use alexandria_proto::{BUILD, Binding};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::ToolError;
+use crate::sessions::SessionInfo;
+use crate::store::Store;
+use crate::tools::{self, GuideParams, ReadParams, SearchParams, ToolOutput};
+
+/// What the server tells clients in `initialize` (and what tool search indexes).
+pub const INSTRUCTIONS: &str = "alexandria serves the user's own local markdown wikis (workspaces kept in git), built from their notes, papers and transcripts. Use it for what the user has collected and written down, not for the public web or source code. Call guide first: it explains the layers (raw/ sources, wiki/ pages), the citation format, and lists the workspaces. Then search (ranked full text, or list by glob) and read (files, PDF pages, markdown sections).";
+
+/// The MCP server for one session.
+#[derive(Clone)]
+pub struct AlexandriaServer {
+    store: Arc<Store>,
+    session: Arc<SessionInfo>,
+}
+
+impl AlexandriaServer {
+    pub fn new(store: Arc<Store>, session: Arc<SessionInfo>) -> AlexandriaServer {
+        AlexandriaServer { store, session }
+    }
+}
+
+fn schema_of<T: schemars::JsonSchema>() -> Arc<JsonObject> {
+    let schema = schemars::generate::SchemaSettings::draft2020_12()
+        .into_generator()
+        .into_root_schema_for::<T>();
+    let mut object = match serde_json::to_value(schema) {
+        Ok(Value::Object(object)) => object,
+        _ => JsonObject::new(),
+    };
+    object.remove("$schema");
+    object.remove("title");
+    Arc::new(object)
+}
+
+fn read_only(title: &str) -> ToolAnnotations {
+    ToolAnnotations::with_title(title)
+        .read_only(true)
+        .destructive(false)
+        .idempotent(true)
+        .open_world(false)
+}
+
+/// Every tool alexandria registers, in a fixed order.
+pub fn tool_definitions() -> Vec<Tool> {
+    vec![
+        Tool::new(
+            "guide",
+            "Start here. Explains how the user's alexandria wiki is kept (raw/ sources vs wiki/ pages, citation format, conventions) and shows its state: with no workspace, every workspace with page and source counts; with one, its counts, recent history, pending items and sources not cited yet. Read-only; local knowledge base, not web search.",
+            schema_of::<GuideParams>(),
+        )
+        .with_title("alexandria: wiki guide")
+        .with_annotations(read_only("alexandria: wiki guide")),
+        Tool::new(
+            "search",
+            "Search the user's alexandria wiki (their own notes, papers and wiki pages; not the web, not code). mode=search: ranked full-text search (bm25) over raw sources and wiki pages, returning path, PDF page, heading trail and a highlighted snippet; plain words must all match, use \"quotes\" for a phrase, word* for a prefix. mode=list: list files by glob (wiki/**, raw/*.pdf). Scope with path (a glob) or layer (wiki|raw|all); page with limit and cursor.",
+            schema_of::<SearchParams>(),
+        )
+        .with_title("alexandria: search the wiki")
+        .with_annotations(read_only("alexandria: search the wiki")),
+        Tool::new(
+            "read",
+            "Read from the user's alexandria wiki: one file (markdown page, text, PDF as extracted text, image), or a glob batch (wiki/topics/*.md) within a character budget with continuation hints. PDFs: pages=\"3\" or \"1-5,9\". Markdown: sections=[\"Heading\"]. Images: include_images=true. Returns the file's revision (rev) to pass as base_rev when editing.",
+            schema_of::<ReadParams>(),
+        )
+        .with_title("alexandria: read wiki pages and sources")
+        .with_annotations(read_only("alexandria: read wiki pages and sources")),
+    ]
+}
+
+fn parse<T: DeserializeOwned>(tool: &str, arguments: Value) -> Result<T, ToolError> {
+    serde_json::from_value(arguments).map_err(|e| {
+        ToolError::invalid_argument(
+            format!("invalid arguments for {tool}: {e}"),
+            format!("check the parameter names and types in the {tool} tool's input schema"),
+        )
+    })
+}
+
+/// Run one tool call (blocking: SQLite, files, git).
+pub fn dispatch(
+    store: &Store,
+    binding: &Binding,
+    tool: &str,
+    arguments: Value,
+) -> Result<ToolOutput, ToolError> {
+    match tool {
+        "guide" => tools::guide(store, binding, parse(tool, arguments)?),
+        "search" => tools::search(store, binding, parse(tool, arguments)?),
+        "read" => tools::read(store, binding, parse(tool, arguments)?),
+        other => Err(ToolError::invalid_argument(
+            format!("unknown tool {other}"),
+            "call tools/list for the tools alexandria offers",
+        )),
+    }
+}
+
+/// An MCP result from a tool outcome.
+pub fn to_call_result(outcome: Result<ToolOutput, ToolError>) -> CallToolResult {
+    match outcome {
+        Ok(output) => {
+            let mut content = vec![ContentBlock::text(output.text)];
+            content.extend(
+                output
+                    .images
+                    .into_iter()
+                    .map(|(data, mime)| ContentBlock::image(data, mime)),
+            );
+            let mut result = CallToolResult::success(content);
+            result.structured_content = Some(output.structured);
+            result
+        }
+        Err(error) => {
+            let mut result = CallToolResult::error(vec![ContentBlock::text(error.to_text())]);
+            result.structured_content = Some(error.to_json());
+            result
+        }
+    }
+}
+
+impl ServerHandler for AlexandriaServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("alexandria", BUILD)
+                    .with_title("alexandria wiki")
+                    .with_description("The user's local markdown wikis, served by alexandriad"),
+            )
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        self.session
+            .set_client(&request.client_info.name, &request.client_info.version);
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(tool_definitions()))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(ListResourcesResult::default())
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        Ok(ListResourceTemplatesResult::default())
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        Ok(ListPromptsResult::default())
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.to_string();
+        if !tool_definitions().iter().any(|t| t.name == name) {
+            return Err(McpError::invalid_params(
+                format!("unknown tool: {name}"),
+                None,
+            ));
+        }
+        self.session.record_call();
+        let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let store = Arc::clone(&self.store);
+        let binding = self.session.binding.clone();
+        let started = Instant::now();
+        let tool = name.clone();
+        // Tool bodies block (SQLite, files, git) and a panic in one must not take the
+        // daemon down: run them on the blocking pool and turn a panic into an error.
+        let outcome =
+            tokio::task::spawn_blocking(move || dispatch(&store, &binding, &tool, arguments))
+                .await
+                .unwrap_or_else(|join_error| {
+                    Err(ToolError::internal("the tool crashed", join_error))
+                });
+        let ok = outcome.is_ok();
+        tracing::info!(
+            session = %self.session.id,
+            tool = %name,
+            ok,
+            latency_us = started.elapsed().as_micros() as u64,
+            "tool call"
+        );
+        Ok(to_call_result(outcome).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_have_schemas_with_workspace_and_annotations() {
+        for tool in tool_definitions() {
+            let properties = tool.input_schema.get("properties").expect("properties");
+            assert!(properties.get("workspace").is_some(), "{}", tool.name);
+            assert_eq!(tool.input_schema.get("type"), Some(&Value::from("object")));
+            let annotations = tool.annotations.as_ref().expect("annotations");
+            assert_eq!(annotations.read_only_hint, Some(true));
+        }
+    }
+
+    #[test]
+    fn errors_become_is_error_results_starting_with_the_code() {
+        let error = ToolError::new(
+            alexandria_proto::ErrorCode::NotFound,
+            "gone",
+            "look elsewhere",
+        );
+        let result = to_call_result(Err(error));
+        assert_eq!(result.is_error, Some(true));
+        let structured = result.structured_content.expect("structured");
+        assert_eq!(structured["error"]["code"], "not_found");
+        let text = serde_json::to_value(&result.content[0]).expect("json");
+        assert!(
+            text["text"]
+                .as_str()
+                .expect("text")
+                .starts_with("not_found")
+        );
+    }
+}

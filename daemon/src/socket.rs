@@ -1,0 +1,353 @@
+//! The Unix-socket transport: accept, check the peer's uid, handshake, then either an
+//! MCP session (newline-delimited JSON-RPC relayed by the shim) or a control request.
+//!
+//! Frames are read here, not by rmcp, so that a malformed or oversized frame gets a
+//! JSON-RPC error and the session goes on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use alexandria_proto::{
+    BUILD, ConnectionKind, Hello, HelloReply, MAX_FRAME_BYTES, McpHello, PROTOCOL_VERSION,
+};
+use futures::{SinkExt, StreamExt};
+use rmcp::model::{ErrorData, JsonRpcError, JsonRpcMessage, RequestId};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::{RoleServer, ServiceExt};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::control;
+use crate::daemon::DaemonContext;
+use crate::mcp::AlexandriaServer;
+use crate::sessions::SessionInfo;
+
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+const HELLO_MAX_BYTES: usize = 64 * 1024;
+
+/// Accept connections until the daemon shuts down.
+pub async fn serve(listener: UnixListener, context: Arc<DaemonContext>) {
+    let mut shutdown = context.shutdown_signal();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let context = Arc::clone(&context);
+                    tokio::spawn(async move {
+                        if let Err(error) = handle(stream, context).await {
+                            tracing::debug!(%error, "connection ended with an error");
+                        }
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+/// One frame read from a connection.
+pub enum Frame {
+    Line,
+    TooLarge,
+    Eof,
+}
+
+/// Read one `\n`-terminated frame into `buffer` (without the newline), refusing
+/// frames over `max` bytes without buffering them.
+pub async fn read_frame<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    buffer: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Frame> {
+    buffer.clear();
+    let mut too_large = false;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(if too_large {
+                Frame::TooLarge
+            } else if buffer.is_empty() {
+                Frame::Eof
+            } else {
+                Frame::Line
+            });
+        }
+        let (take, done) = match available.iter().position(|b| *b == b'\n') {
+            Some(i) => (i, true),
+            None => (available.len(), false),
+        };
+        if !too_large {
+            if buffer.len() + take > max {
+                too_large = true;
+                buffer.clear();
+            } else {
+                buffer.extend_from_slice(&available[..take]);
+            }
+        }
+        reader.consume(if done { take + 1 } else { take });
+        if done {
+            return Ok(if too_large {
+                Frame::TooLarge
+            } else {
+                Frame::Line
+            });
+        }
+    }
+}
+
+async fn write_line<W: AsyncWrite + Unpin>(writer: &mut W, line: &[u8]) -> std::io::Result<()> {
+    writer.write_all(line).await?;
+    writer.flush().await
+}
+
+async fn handle(stream: UnixStream, context: Arc<DaemonContext>) -> anyhow::Result<()> {
+    // Trust is the OS user: only our own uid may talk to the daemon.
+    let peer_uid = stream.peer_cred()?.uid();
+    let own_uid = rustix::process::geteuid().as_raw();
+    if peer_uid != own_uid {
+        tracing::warn!(peer_uid, "refused a connection from another user");
+        return Ok(());
+    }
+    let (read_half, mut write_half) = stream.into_split();
+    let mut reader = BufReader::with_capacity(64 * 1024, read_half);
+    let mut buffer = Vec::new();
+    let frame = tokio::time::timeout(
+        HELLO_TIMEOUT,
+        read_frame(&mut reader, &mut buffer, HELLO_MAX_BYTES),
+    )
+    .await??;
+    if !matches!(frame, Frame::Line) {
+        return Ok(());
+    }
+    let refuse = |message: String| HelloReply::Refused {
+        code: "bad_handshake".into(),
+        message,
+        hint: "the client and the daemon are different builds: reinstall alexandria".into(),
+    };
+    let value: serde_json::Value = match serde_json::from_slice(&buffer) {
+        Ok(value) => value,
+        Err(e) => {
+            let reply = refuse(format!("the handshake is not JSON: {e}"));
+            write_line(&mut write_half, &alexandria_proto::to_line(&reply)).await?;
+            return Ok(());
+        }
+    };
+    let peer_protocol = value.get("protocol").and_then(|p| p.as_u64()).unwrap_or(0);
+    if peer_protocol != u64::from(PROTOCOL_VERSION) {
+        let restarting = peer_protocol > u64::from(PROTOCOL_VERSION);
+        let reply = HelloReply::ProtocolMismatch {
+            protocol: PROTOCOL_VERSION,
+            build: BUILD.into(),
+            pid: std::process::id(),
+            restarting,
+        };
+        write_line(&mut write_half, &alexandria_proto::to_line(&reply)).await?;
+        if restarting {
+            tracing::info!(peer_protocol, "a newer client asked; stepping down");
+            context.shutdown();
+        }
+        return Ok(());
+    }
+    let hello: Hello = match serde_json::from_value(value) {
+        Ok(hello) => hello,
+        Err(e) => {
+            let reply = refuse(format!("unexpected handshake: {e}"));
+            write_line(&mut write_half, &alexandria_proto::to_line(&reply)).await?;
+            return Ok(());
+        }
+    };
+    let ready = HelloReply::Ready {
+        protocol: PROTOCOL_VERSION,
+        build: BUILD.into(),
+        pid: std::process::id(),
+    };
+    write_line(&mut write_half, &alexandria_proto::to_line(&ready)).await?;
+    match hello.kind {
+        ConnectionKind::Control => control::handle(reader, write_half, context).await,
+        ConnectionKind::Mcp(mcp) => serve_mcp(reader, write_half, context, mcp).await,
+    }
+}
+
+/// The JSON-RPC error answering a frame that could not be parsed as MCP.
+pub fn frame_error(bytes: &[u8], error: &serde_json::Error) -> TxJsonRpcMessage<RoleServer> {
+    let error_data = if error.is_syntax() || error.is_eof() {
+        return JsonRpcMessage::Error(JsonRpcError::new(
+            None,
+            ErrorData::parse_error(format!("parse error: {error}"), None),
+        ));
+    } else {
+        error
+    };
+    let value: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_default();
+    if value.is_array() {
+        return JsonRpcMessage::Error(JsonRpcError::new(
+            None,
+            ErrorData::invalid_request(
+                "batches are not supported (JSON-RPC batching was removed in MCP 2025-06-18): send one message per line",
+                None,
+            ),
+        ));
+    }
+    let id = value
+        .get("id")
+        .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok());
+    let data = if value.get("method").is_some() && id.is_some() {
+        ErrorData::invalid_params(format!("invalid request: {error_data}"), None)
+    } else {
+        ErrorData::invalid_request(format!("invalid message: {error_data}"), None)
+    };
+    JsonRpcMessage::Error(JsonRpcError::new(id, data))
+}
+
+async fn serve_mcp(
+    mut reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    mut writer: tokio::net::unix::OwnedWriteHalf,
+    context: Arc<DaemonContext>,
+    hello: McpHello,
+) -> anyhow::Result<()> {
+    let session = Arc::new(SessionInfo::new(
+        "stdio",
+        hello.binding,
+        Some(hello.parent_pid),
+        Some(hello.cwd),
+        hello.resumed,
+    ));
+    context.sessions.register(Arc::clone(&session));
+    let (mut to_server, from_client) =
+        futures::channel::mpsc::channel::<RxJsonRpcMessage<RoleServer>>(64);
+    let (to_client, mut outgoing) =
+        futures::channel::mpsc::channel::<TxJsonRpcMessage<RoleServer>>(64);
+
+    let writer_task = tokio::spawn(async move {
+        while let Some(message) = outgoing.next().await {
+            let mut bytes = match serde_json::to_vec(&message) {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    tracing::error!(%error, "cannot serialize an outgoing message");
+                    continue;
+                }
+            };
+            bytes.push(b'\n');
+            if writer.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        let _ = writer.shutdown().await;
+    });
+
+    let mut errors = to_client.clone();
+    let reader_task = tokio::spawn(async move {
+        let mut buffer = Vec::with_capacity(4096);
+        loop {
+            match read_frame(&mut reader, &mut buffer, MAX_FRAME_BYTES).await {
+                Ok(Frame::Eof) | Err(_) => break,
+                Ok(Frame::TooLarge) => {
+                    let message = JsonRpcMessage::Error(JsonRpcError::new(
+                        None,
+                        ErrorData::invalid_request(
+                            format!("message larger than {MAX_FRAME_BYTES} bytes, discarded"),
+                            None,
+                        ),
+                    ));
+                    if errors.send(message).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(Frame::Line) => {
+                    if buffer.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    match serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(&buffer) {
+                        Ok(message) => {
+                            if to_server.send(message).await.is_err() {
+                                break;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::debug!(%error, "malformed frame");
+                            if errors.send(frame_error(&buffer, &error)).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+
+    let server = AlexandriaServer::new(Arc::clone(&context.store), Arc::clone(&session));
+    match server.serve((to_client, from_client)).await {
+        Ok(running) => {
+            let _ = running.waiting().await;
+        }
+        Err(error) => tracing::debug!(%error, "mcp session did not start"),
+    }
+    reader_task.abort();
+    let _ = writer_task.await;
+    context.sessions.remove(&session.id);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_are_split_and_bounded() {
+        let input: &[u8] = b"{\"a\":1}\nxxxxxxxxxxxxxxxxxxxx\n\nlast";
+        let mut reader = BufReader::with_capacity(4, input);
+        let mut buffer = Vec::new();
+        assert!(matches!(
+            read_frame(&mut reader, &mut buffer, 10).await,
+            Ok(Frame::Line)
+        ));
+        assert_eq!(buffer, b"{\"a\":1}");
+        assert!(matches!(
+            read_frame(&mut reader, &mut buffer, 10).await,
+            Ok(Frame::TooLarge)
+        ));
+        assert!(matches!(
+            read_frame(&mut reader, &mut buffer, 10).await,
+            Ok(Frame::Line)
+        ));
+        assert!(buffer.is_empty());
+        assert!(matches!(
+            read_frame(&mut reader, &mut buffer, 10).await,
+            Ok(Frame::Line)
+        ));
+        assert_eq!(buffer, b"last");
+        assert!(matches!(
+            read_frame(&mut reader, &mut buffer, 10).await,
+            Ok(Frame::Eof)
+        ));
+    }
+
+    #[test]
+    fn malformed_frames_get_json_rpc_errors() {
+        let cases: [(&[u8], i32, bool); 3] = [
+            (b"{not json", -32700, false),
+            (
+                b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}]",
+                -32600,
+                false,
+            ),
+            (
+                b"{\"jsonrpc\":\"2.0\",\"id\":7,\"nothing\":1}",
+                -32600,
+                true,
+            ),
+        ];
+        for (bytes, code, has_id) in cases {
+            let error = serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(bytes)
+                .expect_err("malformed");
+            let message = frame_error(bytes, &error);
+            let json = serde_json::to_value(&message).expect("json");
+            assert_eq!(json["error"]["code"], code, "{json}");
+            assert_eq!(json.get("id").is_some(), has_id, "{json}");
+        }
+    }
+}

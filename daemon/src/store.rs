@@ -1,0 +1,344 @@
+//! The workspace store: the home layout on disk, workspaces as git repositories, and
+//! path confinement (every path a tool names is resolved here, and only here).
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use alexandria_proto::paths::{self, Layer, WorkspacePath};
+use alexandria_proto::{ErrorCode, Home};
+
+use crate::config::{Config, DEFAULT_CONFIG};
+use crate::db::{self, Pool};
+use crate::error::{ToolError, ToolResult};
+
+/// Structural pages every workspace has; `delete` refuses them.
+pub const STRUCTURAL_PAGES: [&str; 3] = ["wiki/index.md", "wiki/log.md", "wiki/SCHEMA.md"];
+
+const TEMPLATES: [(&str, &str); 3] = [
+    ("index.md", include_str!("../templates/index.md")),
+    ("log.md", include_str!("../templates/log.md")),
+    ("SCHEMA.md", include_str!("../templates/SCHEMA.md")),
+];
+
+const WORKSPACE_GITIGNORE: &str =
+    "# alexandria: working state, not content\n/runs/\n/.trash/\n/.lock\n";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create {path}: {source}")]
+    Create {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("git: {0}")]
+    Git(#[from] git2::Error),
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// Per-workspace in-process state.
+#[derive(Default)]
+pub struct WorkspaceState {
+    /// Held while the index of this workspace is being changed (catch-up, writes), so
+    /// that a scanner never mistakes a write in progress for an outside edit.
+    pub index_lock: Mutex<()>,
+    /// Serializes changes to the workspace's files and git repository in this process.
+    pub write_lock: Mutex<()>,
+    /// Set once the index has caught up with the disk since the daemon started.
+    pub caught_up: std::sync::atomic::AtomicBool,
+}
+
+/// Everything the tools need: the home, the config, the database.
+pub struct Store {
+    pub home: Home,
+    pub config: Config,
+    pub pool: Pool,
+    states: Mutex<HashMap<String, Arc<WorkspaceState>>>,
+}
+
+impl Store {
+    /// Create the home layout if needed, open `state.db` and make sure the `global`
+    /// workspace exists.
+    pub fn open(home: Home) -> Result<Arc<Store>, StoreError> {
+        ensure_layout(&home)?;
+        let config = Config::load(&home.config_file())?;
+        let pool = db::open(&home.state_db())?;
+        let store = Arc::new(Store {
+            home,
+            config,
+            pool,
+            states: Mutex::new(HashMap::new()),
+        });
+        if !store.workspace_dir("global").join(".git").is_dir() {
+            store
+                .create_workspace("global")
+                .map_err(|e| StoreError::Create {
+                    path: "workspaces/global".into(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+        }
+        Ok(store)
+    }
+
+    pub fn workspace_dir(&self, slug: &str) -> PathBuf {
+        self.home.workspace(slug)
+    }
+
+    pub fn state(&self, slug: &str) -> Arc<WorkspaceState> {
+        let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(states.entry(slug.to_string()).or_default())
+    }
+
+    /// Slugs of every workspace (directories under `workspaces/` holding a git repo).
+    pub fn list_workspaces(&self) -> Vec<String> {
+        let mut slugs: Vec<String> = fs::read_dir(self.home.workspaces_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .filter(|slug| paths::validate_slug(slug).is_ok())
+            .filter(|slug| self.workspace_dir(slug).join(".git").is_dir())
+            .collect();
+        slugs.sort();
+        slugs
+    }
+
+    pub fn workspace_exists(&self, slug: &str) -> bool {
+        paths::validate_slug(slug).is_ok() && self.workspace_dir(slug).join(".git").is_dir()
+    }
+
+    /// Check that `slug` names an existing workspace.
+    pub fn require_workspace(&self, slug: &str) -> ToolResult<()> {
+        if let Err(e) = paths::validate_slug(slug) {
+            return Err(ToolError::new(
+                ErrorCode::WorkspaceNotFound,
+                e.message,
+                "call guide() to list the workspaces",
+            ));
+        }
+        if !self.workspace_exists(slug) {
+            return Err(ToolError::new(
+                ErrorCode::WorkspaceNotFound,
+                format!("there is no workspace '{slug}'"),
+                "call guide() to list the workspaces; the user creates new ones with `alexandria workspace create <slug>`",
+            )
+            .with_detail("workspace", slug));
+        }
+        Ok(())
+    }
+
+    /// Create a workspace: a git repository with `raw/`, `wiki/` and the structural
+    /// pages, committed.
+    pub fn create_workspace(&self, slug: &str) -> ToolResult<PathBuf> {
+        paths::validate_slug(slug).map_err(|e| {
+            ToolError::invalid_argument(e.message, "slugs look like `customer-acme`")
+        })?;
+        let dir = self.workspace_dir(slug);
+        if dir.join(".git").exists() {
+            return Err(ToolError::new(
+                ErrorCode::WorkspaceExists,
+                format!("workspace '{slug}' already exists"),
+                "pick another slug, or use the existing workspace",
+            ));
+        }
+        let result = create_workspace_at(&dir, &self.home.templates_dir());
+        if let Err(error) = result {
+            // Leave nothing half-made behind.
+            let _ = fs::remove_dir_all(&dir);
+            return Err(ToolError::internal("creating the workspace", error));
+        }
+        let connection = self.pool.get()?;
+        connection.execute(
+            "INSERT OR IGNORE INTO workspaces(slug, created_at) VALUES (?1, ?2)",
+            rusqlite::params![slug, db::now_ms()],
+        )?;
+        Ok(dir)
+    }
+
+    /// Resolve a checked workspace path to an absolute path inside the workspace,
+    /// refusing symlinks that lead outside its layer.
+    pub fn resolve(&self, slug: &str, path: &WorkspacePath) -> ToolResult<PathBuf> {
+        let workspace = self.workspace_dir(slug);
+        let layer_dir = workspace.join(path.layer.as_str());
+        let candidate = workspace.join(&path.path);
+        let layer_real = fs::canonicalize(&layer_dir)
+            .map_err(|e| ToolError::internal("resolving the layer directory", e))?;
+        // Canonicalize the longest existing prefix, then check containment.
+        let mut existing = candidate.clone();
+        let mut tail = Vec::new();
+        while !existing.exists() && existing.symlink_metadata().is_err() {
+            match (existing.file_name(), existing.parent()) {
+                (Some(name), Some(parent)) => {
+                    tail.push(name.to_os_string());
+                    existing = parent.to_path_buf();
+                }
+                _ => break,
+            }
+        }
+        let real = match fs::canonicalize(&existing) {
+            Ok(real) => real,
+            // A dangling symlink: refuse, whatever it points at.
+            Err(_) => {
+                return Err(ToolError::invalid_path(format!(
+                    "{} is a broken link",
+                    path.path
+                )));
+            }
+        };
+        if !real.starts_with(&layer_real) {
+            return Err(ToolError::invalid_path(format!(
+                "{} leads outside {}/ (through a symbolic link)",
+                path.path,
+                path.layer.as_str()
+            )));
+        }
+        let mut resolved = real;
+        for component in tail.into_iter().rev() {
+            resolved.push(component);
+        }
+        Ok(resolved)
+    }
+
+    /// Validate a caller-given path (not a glob) and resolve it.
+    pub fn checked_path(&self, slug: &str, raw: &str) -> ToolResult<(WorkspacePath, PathBuf)> {
+        let path = paths::validate_workspace_path(raw, false)
+            .map_err(|e| ToolError::invalid_path(e.message).with_detail("path", raw))?;
+        let absolute = self.resolve(slug, &path)?;
+        Ok((path, absolute))
+    }
+
+    pub fn layer_dir(&self, slug: &str, layer: Layer) -> PathBuf {
+        self.workspace_dir(slug).join(layer.as_str())
+    }
+}
+
+fn create_dir(path: &Path, mode: u32) -> Result<(), StoreError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|source| StoreError::Create {
+            path: path.display().to_string(),
+            source,
+        })?;
+    // `mode` only applies to newly created directories; tighten existing ones too.
+    if mode == 0o700 {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|source| {
+            StoreError::Create {
+                path: path.display().to_string(),
+                source,
+            }
+        })?;
+    }
+    Ok(())
+}
+
+fn write_new(path: &Path, contents: &str) -> Result<(), StoreError> {
+    if path.exists() {
+        return Ok(());
+    }
+    fs::write(path, contents).map_err(|source| StoreError::Create {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Create the directories and default files of SPEC §2 that are missing.
+pub fn ensure_layout(home: &Home) -> Result<(), StoreError> {
+    create_dir(home.root(), 0o755)?;
+    create_dir(&home.run_dir(), 0o700)?;
+    create_dir(&home.secrets_dir(), 0o700)?;
+    create_dir(&home.logs_dir(), 0o755)?;
+    create_dir(&home.workspaces_dir(), 0o755)?;
+    create_dir(&home.templates_dir(), 0o755)?;
+    for (name, contents) in TEMPLATES {
+        write_new(&home.templates_dir().join(name), contents)?;
+    }
+    write_new(&home.config_file(), DEFAULT_CONFIG)?;
+    Ok(())
+}
+
+fn create_workspace_at(dir: &Path, templates: &Path) -> Result<(), StoreError> {
+    for sub in ["raw", "wiki", "runs", ".trash"] {
+        create_dir(&dir.join(sub), 0o755)?;
+    }
+    for (name, embedded) in TEMPLATES {
+        let contents =
+            fs::read_to_string(templates.join(name)).unwrap_or_else(|_| embedded.to_string());
+        write_new(&dir.join("wiki").join(name), &contents)?;
+    }
+    write_new(&dir.join("raw/.gitkeep"), "")?;
+    write_new(&dir.join(".gitignore"), WORKSPACE_GITIGNORE)?;
+    let repo = git2::Repository::init(dir)?;
+    let mut index = repo.index()?;
+    index.add_all(["*"].iter(), git2::IndexAddOption::DEFAULT, None)?;
+    index.write()?;
+    let tree = repo.find_tree(index.write_tree()?)?;
+    let signature = git2::Signature::now("alexandria", "alexandria@localhost")?;
+    repo.commit(
+        Some("HEAD"),
+        &signature,
+        &signature,
+        "alexandria: create workspace",
+        &tree,
+        &[],
+    )?;
+    Ok(())
+}
+
+/// The git blob id of `bytes`: a page's revision (`rev`).
+pub fn revision(bytes: &[u8]) -> String {
+    git2::Oid::hash_object(git2::ObjectType::Blob, bytes)
+        .map(|oid| oid.to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Arc<Store>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(Home::new(dir.path())).expect("open store");
+        (dir, store)
+    }
+
+    #[test]
+    fn layout_and_global_workspace() {
+        let (dir, store) = store();
+        assert_eq!(store.list_workspaces(), vec!["global".to_string()]);
+        let mode = fs::metadata(dir.path().join("run"))
+            .expect("run")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        for page in STRUCTURAL_PAGES {
+            assert!(store.workspace_dir("global").join(page).is_file(), "{page}");
+        }
+        let error = store.create_workspace("global").expect_err("exists");
+        assert_eq!(error.code, ErrorCode::WorkspaceExists);
+    }
+
+    #[test]
+    fn symlinks_out_of_the_layer_are_refused() {
+        let (dir, store) = store();
+        let outside = dir.path().join("secrets");
+        let wiki = store.layer_dir("global", Layer::Wiki);
+        std::os::unix::fs::symlink(&outside, wiki.join("escape")).expect("symlink");
+        std::os::unix::fs::symlink(dir.path().join("config.toml"), wiki.join("cfg.md"))
+            .expect("symlink");
+        for path in ["wiki/escape/token", "wiki/cfg.md"] {
+            let error = store.checked_path("global", path).expect_err(path);
+            assert_eq!(error.code, ErrorCode::InvalidPath, "{path}");
+        }
+        let (_, ok) = store
+            .checked_path("global", "wiki/new/page.md")
+            .expect("new page ok");
+        assert!(ok.ends_with("wiki/new/page.md"));
+    }
+}

@@ -1,0 +1,240 @@
+//! The contract between the `alexandria` shim/CLI and the `alexandriad` daemon.
+//!
+//! Everything that crosses the daemon's Unix socket is defined here: where the socket
+//! lives, the handshake (`Hello` / `HelloReply`), control requests and their replies,
+//! the tool error codes, and the rules for workspace slugs and workspace-relative paths.
+//! This crate has no async runtime, no SQLite and no git so that the shim stays small.
+//!
+//! Framing: every message in both directions is one line of JSON terminated by `\n`.
+//! A connection starts with one `Hello` line from the client and one `HelloReply` line
+//! from the daemon. After that an MCP connection carries MCP JSON-RPC frames unchanged,
+//! and a control connection carries one `ControlRequest` and a stream of
+//! `ControlReply` lines ending with `Done` or `Failed`.
+
+pub mod errors;
+pub mod home;
+pub mod paths;
+
+pub use errors::ErrorCode;
+pub use home::Home;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the shim ↔ daemon protocol. Bump it whenever a message in this crate
+/// changes shape; a shim that meets a daemon with an older protocol restarts it.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The build of the binaries, reported in the handshake and in `--version`.
+pub const BUILD: &str = env!("CARGO_PKG_VERSION");
+
+/// Largest MCP frame the daemon accepts from a client (one JSON-RPC message).
+/// Larger frames are answered with a JSON-RPC error and discarded.
+pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+
+/// The first line a client sends on a fresh connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    pub build: String,
+    #[serde(flatten)]
+    pub kind: ConnectionKind,
+}
+
+/// What the connection is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ConnectionKind {
+    /// An MCP session relayed by `alexandria mcp serve`.
+    Mcp(McpHello),
+    /// A one-shot control request from the CLI.
+    Control,
+}
+
+/// Who is on the other side of an MCP session, as far as the shim can tell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpHello {
+    pub binding: Binding,
+    /// PID of the process that launched the shim: the MCP client.
+    pub parent_pid: u32,
+    pub cwd: String,
+    /// Set when the shim reconnects after losing the daemon, so the daemon can tell a
+    /// resumed session from a new one in `mcp status`.
+    #[serde(default)]
+    pub resumed: bool,
+}
+
+/// Open mode (every workspace, `workspace` required) or pinned to one slug.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Binding {
+    Open,
+    Pinned { workspace: String },
+}
+
+/// The daemon's answer to `Hello`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum HelloReply {
+    Ready {
+        protocol: u32,
+        build: String,
+        pid: u32,
+    },
+    /// The daemon speaks another protocol version. When the client's version is
+    /// newer, the daemon shuts down right after sending this so the client can start
+    /// its own build; `restarting` says so.
+    ProtocolMismatch {
+        protocol: u32,
+        build: String,
+        pid: u32,
+        restarting: bool,
+    },
+    Refused {
+        code: String,
+        message: String,
+        hint: String,
+    },
+}
+
+/// A request from the CLI to the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+pub enum ControlRequest {
+    /// Daemon pid, version, uptime, socket, sessions.
+    Status,
+    /// Create the home layout and the `global` workspace if missing.
+    Init,
+    WorkspaceCreate {
+        slug: String,
+    },
+    WorkspaceList,
+    /// Copy files into `raw/` of a workspace and index them. Paths are absolute.
+    Ingest {
+        workspace: String,
+        files: Vec<String>,
+    },
+    /// Shut the daemon down gracefully.
+    Stop,
+}
+
+/// One line of the daemon's answer to a control request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum ControlReply {
+    /// Intermediate progress of a long operation.
+    Progress { done: u64, total: u64, item: String },
+    /// Final success; `text` is for a human, `data` for `--json`.
+    Done {
+        text: String,
+        data: serde_json::Value,
+    },
+    /// Final failure.
+    Failed {
+        code: String,
+        message: String,
+        hint: String,
+    },
+}
+
+/// The line the daemon prints on its stdout once it is serving (or has failed to
+/// start), so whoever spawned it can wait for an explicit answer instead of polling.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "daemon", rename_all = "snake_case")]
+pub enum StartupNotice {
+    Ready { pid: u32, socket: String },
+    Failed { message: String },
+}
+
+/// Encode one message as a JSON line (with the trailing newline).
+pub fn to_line<T: Serialize>(message: &T) -> Vec<u8> {
+    let mut line = serde_json::to_vec(message).expect("protocol types always serialize");
+    line.push(b'\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip<T>(value: &T, golden: &str)
+    where
+        T: Serialize + for<'de> Deserialize<'de> + PartialEq + std::fmt::Debug,
+    {
+        let line = to_line(value);
+        assert_eq!(
+            std::str::from_utf8(&line).expect("utf8"),
+            format!("{golden}\n")
+        );
+        let back: T = serde_json::from_str(golden).expect("golden parses");
+        assert_eq!(&back, value);
+    }
+
+    #[test]
+    fn hello_golden() {
+        round_trip(
+            &Hello {
+                protocol: 1,
+                build: "0.1.0".into(),
+                kind: ConnectionKind::Mcp(McpHello {
+                    binding: Binding::Pinned {
+                        workspace: "acme".into(),
+                    },
+                    parent_pid: 42,
+                    cwd: "/tmp".into(),
+                    resumed: false,
+                }),
+            },
+            r#"{"protocol":1,"build":"0.1.0","kind":"mcp","binding":{"mode":"pinned","workspace":"acme"},"parent_pid":42,"cwd":"/tmp","resumed":false}"#,
+        );
+        round_trip(
+            &Hello {
+                protocol: 1,
+                build: "0.1.0".into(),
+                kind: ConnectionKind::Control,
+            },
+            r#"{"protocol":1,"build":"0.1.0","kind":"control"}"#,
+        );
+    }
+
+    #[test]
+    fn replies_golden() {
+        round_trip(
+            &HelloReply::Ready {
+                protocol: 1,
+                build: "0.1.0".into(),
+                pid: 7,
+            },
+            r#"{"status":"ready","protocol":1,"build":"0.1.0","pid":7}"#,
+        );
+        round_trip(
+            &ControlRequest::Ingest {
+                workspace: "global".into(),
+                files: vec!["/a.md".into()],
+            },
+            r#"{"request":"ingest","workspace":"global","files":["/a.md"]}"#,
+        );
+        round_trip(
+            &ControlReply::Progress {
+                done: 1,
+                total: 2,
+                item: "a.md".into(),
+            },
+            r#"{"reply":"progress","done":1,"total":2,"item":"a.md"}"#,
+        );
+        round_trip(
+            &StartupNotice::Failed {
+                message: "boom".into(),
+            },
+            r#"{"daemon":"failed","message":"boom"}"#,
+        );
+    }
+
+    #[test]
+    fn hello_with_unknown_protocol_still_exposes_version() {
+        // A future shim may add fields; the daemon must still read `protocol`.
+        let future = r#"{"protocol":9,"build":"9.0.0","kind":"telepathy"}"#;
+        let version: serde_json::Value = serde_json::from_str(future).expect("json");
+        assert_eq!(version["protocol"], 9);
+        assert!(serde_json::from_str::<Hello>(future).is_err());
+    }
+}

@@ -1,0 +1,296 @@
+//! Connect to the daemon's socket, starting `alexandriad` when none is running.
+//!
+//! The rules (after atuin and sccache): one start lock so that parallel shims start
+//! exactly one daemon; a socket file is removed only when connecting to it is refused
+//! while we hold the start lock; the spawner waits for the daemon's explicit
+//! `StartupNotice` on its stdout, for a few seconds at most; a daemon speaking an
+//! older protocol is asked to step down and is replaced.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, ErrorKind, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use alexandria_proto::{
+    BUILD, ConnectionKind, Hello, HelloReply, Home, PROTOCOL_VERSION, StartupNotice, home::HOME_ENV,
+};
+use anyhow::{Context, Result, anyhow, bail};
+
+/// How long a spawner waits for the daemon's ready notice.
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long any process waits for the start lock (another shim may be starting one).
+const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait for the daemon's answer to `Hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An established, greeted connection.
+pub struct Connection {
+    pub stream: UnixStream,
+    /// Buffered reader over a clone of `stream`; may hold bytes already read.
+    pub reader: BufReader<UnixStream>,
+    pub daemon_pid: u32,
+}
+
+/// Knows where the daemon lives and how to start it.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    pub home: Home,
+}
+
+impl Connector {
+    pub fn from_env() -> Result<Connector> {
+        let home = Home::from_env().ok_or_else(|| {
+            anyhow!("cannot locate the alexandria home: set ALEXANDRIA_HOME or HOME")
+        })?;
+        Ok(Connector { home })
+    }
+
+    /// Connect, starting the daemon if needed, and complete the handshake.
+    pub fn connect(&self, kind: ConnectionKind) -> Result<Connection> {
+        let hello = Hello {
+            protocol: PROTOCOL_VERSION,
+            build: BUILD.to_string(),
+            kind,
+        };
+        let mut last_error = None;
+        for _attempt in 0..3 {
+            let stream = match UnixStream::connect(self.home.socket()) {
+                Ok(stream) => stream,
+                Err(e) if is_absent(&e) => {
+                    self.start_daemon()?;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot connect to {}", self.home.socket().display())
+                    });
+                }
+            };
+            match greet(stream, &hello) {
+                Ok(Greeting::Ready(connection)) => return Ok(connection),
+                Ok(Greeting::Replaced { pid }) => {
+                    wait_until_gone(&self.home.socket(), pid);
+                    last_error = Some(anyhow!("daemon {pid} was stepping down"));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow!("could not reach the daemon")))
+    }
+
+    /// Connect only if a daemon is already running; `None` when there is none.
+    pub fn connect_existing(&self, kind: ConnectionKind) -> Result<Option<Connection>> {
+        match UnixStream::connect(self.home.socket()) {
+            Ok(stream) => {
+                let hello = Hello {
+                    protocol: PROTOCOL_VERSION,
+                    build: BUILD.to_string(),
+                    kind,
+                };
+                match greet(stream, &hello)? {
+                    Greeting::Ready(connection) => Ok(Some(connection)),
+                    Greeting::Replaced { pid } => {
+                        wait_until_gone(&self.home.socket(), pid);
+                        Ok(None)
+                    }
+                }
+            }
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(e)
+                .with_context(|| format!("cannot connect to {}", self.home.socket().display())),
+        }
+    }
+
+    /// Start a daemon unless another process already did. Returns once a daemon
+    /// accepts connections.
+    pub fn start_daemon(&self) -> Result<()> {
+        let run_dir = self.home.run_dir();
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&run_dir)
+            .with_context(|| format!("cannot create {}", run_dir.display()))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(self.home.start_lock())
+            .with_context(|| format!("cannot open {}", self.home.start_lock().display()))?;
+        lock_with_timeout(&lock, LOCK_TIMEOUT)?;
+        let result = self.start_locked();
+        drop(lock);
+        result
+    }
+
+    fn start_locked(&self) -> Result<()> {
+        let socket = self.home.socket();
+        match UnixStream::connect(&socket) {
+            Ok(_) => return Ok(()), // someone else started it while we waited
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                // Nobody listens: a stale socket left by a daemon that died.
+                let _ = fs::remove_file(&socket);
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot probe {}", socket.display()));
+            }
+        }
+        let daemon = daemon_binary();
+        let mut command = Command::new(&daemon);
+        command
+            .arg("--spawned")
+            .env(HOME_ENV, self.home.root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .process_group(0);
+        if std::env::var_os("ALEXANDRIA_LOG").is_none() {
+            command.stderr(Stdio::null());
+        }
+        let mut child = command.spawn().with_context(|| {
+            format!(
+                "cannot start the daemon {}: install alexandriad next to alexandria or on PATH",
+                daemon.display()
+            )
+        })?;
+        let stdout = child.stdout.take().expect("stdout was piped");
+        let (sender, receiver) = mpsc::channel();
+        thread::spawn(move || {
+            let mut line = String::new();
+            let result = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+            let _ = sender.send(result);
+        });
+        // Reap the child if it exits while we live, so it never lingers as a zombie.
+        thread::spawn(move || {
+            let _ = child.wait();
+        });
+        let debug_hint = format!(
+            "run `ALEXANDRIA_HOME={} ALEXANDRIA_LOG=debug {} ` in a terminal to see why, or read {}",
+            self.home.root().display(),
+            daemon.display(),
+            self.home.logs_dir().join("daemon.log").display()
+        );
+        let line = match receiver.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(line)) => line,
+            Ok(Err(e)) => bail!("the daemon did not report its start ({e}); {debug_hint}"),
+            Err(_) => bail!(
+                "the daemon did not report ready within {}s; {debug_hint}",
+                START_TIMEOUT.as_secs()
+            ),
+        };
+        match serde_json::from_str::<StartupNotice>(line.trim()) {
+            Ok(StartupNotice::Ready { .. }) => Ok(()),
+            Ok(StartupNotice::Failed { message }) => {
+                bail!("the daemon failed to start: {message}; {debug_hint}")
+            }
+            Err(_) if line.is_empty() => bail!("the daemon exited during start-up; {debug_hint}"),
+            Err(_) => {
+                bail!("the daemon printed an unexpected start-up line {line:?}; {debug_hint}")
+            }
+        }
+    }
+}
+
+enum Greeting {
+    Ready(Connection),
+    Replaced { pid: u32 },
+}
+
+fn greet(mut stream: UnixStream, hello: &Hello) -> Result<Greeting> {
+    stream
+        .write_all(&alexandria_proto::to_line(hello))
+        .context("cannot send the handshake to the daemon")?;
+    let read_half = stream
+        .try_clone()
+        .context("cannot clone the daemon socket")?;
+    read_half.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let mut reader = BufReader::new(read_half);
+    let mut line = String::new();
+    reader
+        .read_line(&mut line)
+        .context("the daemon did not answer the handshake")?;
+    reader.get_ref().set_read_timeout(None)?;
+    let reply: HelloReply = serde_json::from_str(line.trim())
+        .with_context(|| format!("unexpected handshake reply {line:?}"))?;
+    match reply {
+        HelloReply::Ready { pid, .. } => Ok(Greeting::Ready(Connection {
+            stream,
+            reader,
+            daemon_pid: pid,
+        })),
+        HelloReply::ProtocolMismatch {
+            pid,
+            restarting: true,
+            ..
+        } => Ok(Greeting::Replaced { pid }),
+        HelloReply::ProtocolMismatch {
+            build, protocol, ..
+        } => bail!(
+            "the running daemon (build {build}, protocol {protocol}) is newer than this alexandria (build {BUILD}, protocol {PROTOCOL_VERSION}); reinstall alexandria so both match"
+        ),
+        HelloReply::Refused {
+            code,
+            message,
+            hint,
+        } => bail!("{code}: {message}; {hint}"),
+    }
+}
+
+fn is_absent(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::NotFound | ErrorKind::ConnectionRefused
+    )
+}
+
+fn lock_with_timeout(file: &File, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                bail!(
+                    "another process has been starting the daemon for {}s",
+                    timeout.as_secs()
+                )
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(e).context("cannot lock the start lock"),
+        }
+    }
+}
+
+/// Wait (briefly) until a stepping-down daemon no longer accepts connections.
+fn wait_until_gone(socket: &Path, _pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match UnixStream::connect(socket) {
+            Ok(_) => thread::sleep(Duration::from_millis(10)),
+            Err(_) => return,
+        }
+    }
+}
+
+/// `alexandriad` next to this executable, else on PATH.
+pub fn daemon_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("ALEXANDRIAD") {
+        return PathBuf::from(path);
+    }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        let sibling = dir.join("alexandriad");
+        if sibling.is_file() {
+            return sibling;
+        }
+    }
+    PathBuf::from("alexandriad")
+}

@@ -1,0 +1,129 @@
+//! `alexandria`: the stdio MCP shim (`alexandria mcp serve`) and the command line.
+//!
+//! This binary holds no wiki logic: every command either pumps MCP frames to the
+//! daemon or sends it one control request and prints the answer.
+
+mod cli;
+mod connect;
+mod pump;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "alexandria",
+    version = alexandria_proto::BUILD,
+    about = "A local-first wiki for AI agents, served over MCP",
+    long_about = "alexandria keeps markdown wikis (one git repository per workspace) and serves them to MCP clients through the alexandriad daemon.\nSet ALEXANDRIA_HOME to use another home than ~/.alexandria."
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the home directory and the `global` workspace (starts the daemon)
+    Init,
+    /// Manage workspaces
+    #[command(subcommand)]
+    Workspace(WorkspaceCommand),
+    /// Copy source files into a workspace's raw/ layer and index them
+    Ingest {
+        /// The workspace slug
+        workspace: String,
+        /// Files to copy (markdown, text, PDF, images)
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+    /// The MCP side: the stdio shim and session status
+    #[command(subcommand)]
+    Mcp(McpCommand),
+    /// Start, stop and inspect the daemon
+    #[command(subcommand)]
+    Daemon(DaemonCommand),
+}
+
+#[derive(Subcommand)]
+enum WorkspaceCommand {
+    /// Create a workspace (a git repository with raw/ and wiki/)
+    Create { slug: String },
+    /// List workspaces
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum McpCommand {
+    /// Serve MCP on stdin/stdout (what MCP clients launch)
+    Serve {
+        /// Pin this session to one workspace
+        #[arg(long)]
+        workspace: Option<String>,
+    },
+    /// Show the daemon and its live MCP sessions
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum DaemonCommand {
+    /// Start the daemon in the background if it is not running
+    Start,
+    /// Stop the running daemon
+    Stop,
+    /// Show whether the daemon runs, its pid, version and socket
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the daemon in the foreground (for service managers)
+    Run,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("alexandria: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let connector = connect::Connector::from_env()?;
+    match args.command {
+        Command::Mcp(McpCommand::Serve { workspace }) => {
+            let binding = match workspace {
+                Some(slug) => {
+                    alexandria_proto::paths::validate_slug(&slug)?;
+                    alexandria_proto::Binding::Pinned { workspace: slug }
+                }
+                None => alexandria_proto::Binding::Open,
+            };
+            pump::serve(connector, pump::PumpConfig { binding })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mcp(McpCommand::Status { json }) => cli::mcp_status(&connector, json),
+        Command::Init => cli::init(&connector),
+        Command::Workspace(WorkspaceCommand::Create { slug }) => {
+            cli::workspace_create(&connector, &slug)
+        }
+        Command::Workspace(WorkspaceCommand::List { json }) => {
+            cli::workspace_list(&connector, json)
+        }
+        Command::Ingest { workspace, files } => cli::ingest(&connector, &workspace, &files),
+        Command::Daemon(DaemonCommand::Start) => cli::daemon_start(&connector),
+        Command::Daemon(DaemonCommand::Stop) => cli::daemon_stop(&connector),
+        Command::Daemon(DaemonCommand::Status { json }) => cli::daemon_status(&connector, json),
+        Command::Daemon(DaemonCommand::Run) => cli::daemon_run(&connector),
+    }
+}
