@@ -5,6 +5,7 @@
 
 mod cli;
 mod connect;
+mod install;
 mod pump;
 
 use std::process::ExitCode;
@@ -70,6 +71,10 @@ enum McpCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Add (or update) the alexandria server in an MCP client's config file
+    Install(install::McpInstallArgs),
+    /// Remove the alexandria server from an MCP client's config file
+    Uninstall(install::McpInstallArgs),
 }
 
 #[derive(Subcommand)]
@@ -85,6 +90,10 @@ enum DaemonCommand {
     },
     /// Run the daemon in the foreground (for service managers)
     Run,
+    /// Install a systemd user unit (Linux) or launchd agent (macOS) that runs the daemon
+    InstallService(install::ServiceArgs),
+    /// Stop and remove the service written by install-service
+    UninstallService(install::ServiceArgs),
 }
 
 fn main() -> ExitCode {
@@ -125,5 +134,9 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Daemon(DaemonCommand::Stop) => cli::daemon_stop(&connector),
         Command::Daemon(DaemonCommand::Status { json }) => cli::daemon_status(&connector, json),
         Command::Daemon(DaemonCommand::Run) => cli::daemon_run(&connector),
+        Command::Mcp(McpCommand::Install(args)) => install::mcp_install(&args),
+        Command::Mcp(McpCommand::Uninstall(args)) => install::mcp_uninstall(&args),
+        Command::Daemon(DaemonCommand::InstallService(args)) => install::install_service(&args),
+        Command::Daemon(DaemonCommand::UninstallService(args)) => install::uninstall_service(&args),
     }
 }

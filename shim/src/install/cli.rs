@@ -1,0 +1,560 @@
+//! The front end of the install commands: find the file, run the pure edit, write it with
+//! care and tell the user what changed. The only module under `install` that prints.
+#![allow(clippy::print_stdout)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, anyhow, bail};
+
+use super::clients::{Client, Env, Format, Scope, locate};
+use super::entry::{self, Entry, Plan};
+use super::files::{self, Found};
+use super::json::{self, Dialect, JsonTarget};
+use super::service::{self, ServiceConfig, ServiceKind};
+use super::{Change, Edit, EditError, SERVER_NAME, claude_cli, codex, continue_block};
+
+#[derive(clap::Args)]
+pub struct McpInstallArgs {
+    /// The MCP client whose configuration to edit
+    #[arg(value_enum)]
+    pub client: Client,
+    /// Pin the entry to one workspace. For claude-code, cursor, vscode and codex this writes
+    /// the project file in the current directory instead of the user file
+    #[arg(long, value_name = "SLUG")]
+    pub workspace: Option<String>,
+    /// Show what would change and write nothing
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ServiceArgs {
+    /// Show what would change and write nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the service file for this service manager and exit (tests, packagers)
+    #[arg(long, value_enum, hide = true)]
+    pub render: Option<ServiceKind>,
+}
+
+/// `alexandria mcp install <client>`
+pub fn mcp_install(args: &McpInstallArgs) -> Result<ExitCode> {
+    let request = Request::new(args)?;
+    let command = own_executable()?;
+    let mut serve_args = vec!["mcp".to_string(), "serve".to_string()];
+    if let Some(slug) = &args.workspace {
+        serve_args.extend(["--workspace".to_string(), slug.clone()]);
+    }
+    let entry = args.client.entry(&command, &serve_args);
+    if request.uses_claude_cli()
+        && let Some(claude) = claude_cli::find()
+    {
+        return claude_install(&request, &claude, &entry);
+    }
+    let found = files::read(&request.path)?;
+    let text = found.text.as_deref();
+    let edit = match request.format {
+        Format::Json {
+            dialect,
+            servers_key,
+        } => json::upsert(text, json_target(dialect, servers_key), &entry),
+        Format::CodexToml => codex::upsert(text, SERVER_NAME, &entry),
+        Format::ContinueBlock => continue_block::upsert(text, &entry),
+    }
+    .map_err(|error| refusal(&found.path, error))?;
+    request.apply(&found, edit, Some(&entry))
+}
+
+/// `alexandria mcp uninstall <client>`
+pub fn mcp_uninstall(args: &McpInstallArgs) -> Result<ExitCode> {
+    let request = Request::new(args)?;
+    if request.uses_claude_cli()
+        && let Some(claude) = claude_cli::find()
+    {
+        return claude_uninstall(&request, &claude);
+    }
+    let found = files::read(&request.path)?;
+    let text = found.text.as_deref();
+    let edit = match request.format {
+        Format::Json {
+            dialect,
+            servers_key,
+        } => json::remove(text, json_target(dialect, servers_key)),
+        Format::CodexToml => codex::remove(text, SERVER_NAME),
+        Format::ContinueBlock => continue_block::remove(text),
+    }
+    .map_err(|error| refusal(&found.path, error))?;
+    request.apply(&found, edit, None)
+}
+
+/// One install or uninstall: which client, which file.
+struct Request {
+    client: Client,
+    scope: Scope,
+    path: PathBuf,
+    format: Format,
+    workspace: Option<String>,
+    dry_run: bool,
+}
+
+impl Request {
+    fn new(args: &McpInstallArgs) -> Result<Request> {
+        if let Some(slug) = &args.workspace {
+            alexandria_proto::paths::validate_slug(slug)?;
+        }
+        let env = Env::from_process()?;
+        let scope = if args.workspace.is_some() && args.client.has_project_file() {
+            Scope::Project
+        } else {
+            Scope::User
+        };
+        let (path, format) = locate(args.client, scope, &env);
+        Ok(Request {
+            client: args.client,
+            scope,
+            path,
+            format,
+            workspace: args.workspace.clone(),
+            dry_run: args.dry_run,
+        })
+    }
+
+    fn uses_claude_cli(&self) -> bool {
+        self.client == Client::ClaudeCode && self.scope == Scope::User
+    }
+
+    fn label(&self) -> String {
+        let scope = match (self.scope, &self.workspace) {
+            (Scope::Project, _) => " (project)",
+            (Scope::User, Some(_)) => " (user, pinned)",
+            (Scope::User, None) => "",
+        };
+        format!("{}{scope}", self.client.display_name())
+    }
+
+    /// Write (or not) and report.
+    fn apply(&self, found: &Found, edit: Edit, entry: Option<&Entry>) -> Result<ExitCode> {
+        let path = found.path.display();
+        let (change, text) = match edit {
+            Edit::Unchanged => {
+                match (entry, &found.text) {
+                    (Some(_), _) => println!(
+                        "{}: {path} already has an up-to-date \"{SERVER_NAME}\" entry; nothing changed",
+                        self.label()
+                    ),
+                    (None, None) => {
+                        println!("{}: {path} does not exist; nothing changed", self.label())
+                    }
+                    (None, Some(_)) => println!(
+                        "{}: {path} has no \"{SERVER_NAME}\" entry; nothing changed",
+                        self.label()
+                    ),
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            Edit::Changed { change, text } => (change, text),
+        };
+        let verb = if self.dry_run {
+            change.conditional()
+        } else {
+            change.past_tense()
+        };
+        println!(
+            "{}: {verb} \"{SERVER_NAME}\" {} {path} ({})",
+            self.label(),
+            preposition(change),
+            self.format.name()
+        );
+        if let Some(entry) = entry {
+            print_entry(entry, self.workspace.as_deref());
+        }
+        if self.dry_run {
+            println!("  dry run: nothing was written");
+            return Ok(ExitCode::SUCCESS);
+        }
+        let backup = match (self.format, change) {
+            (Format::ContinueBlock, Change::Removed) => files::remove(found)?,
+            _ => files::write(found, &text)?,
+        };
+        if let Some(backup) = backup {
+            println!("  previous file kept as {}", backup.display());
+        }
+        if change != Change::Removed {
+            println!("  next: {}", self.client.reload_hint(self.scope));
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Claude Code user scope with `claude` on PATH: read `~/.claude.json` to decide, let
+/// `claude mcp add-json` write it, then read it back to check.
+fn claude_install(request: &Request, claude: &Path, entry: &Entry) -> Result<ExitCode> {
+    let found = files::read(&request.path)?;
+    let target = json_target(Dialect::Json, "mcpServers");
+    let current = json::current_entry(found.text.as_deref(), target)
+        .map_err(|error| refusal(&found.path, error))?;
+    let plan = entry::plan(current.as_ref(), entry);
+    let path = found.path.display();
+    let change = match plan {
+        Plan::Unchanged => {
+            println!(
+                "{}: {path} already has an up-to-date \"{SERVER_NAME}\" entry; nothing changed",
+                request.label()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        Plan::Insert => Change::Added,
+        Plan::Replace | Plan::Patch(_) => Change::Updated,
+    };
+    let json_text = match plan {
+        Plan::Patch(_) => entry::merged(current.as_ref(), entry).to_string(),
+        _ => entry.to_json_text(),
+    };
+    let mut commands = Vec::new();
+    if current.is_some() {
+        commands.push(claude_cli::remove_args(SERVER_NAME));
+    }
+    commands.push(claude_cli::add_args(SERVER_NAME, &json_text));
+    run_claude(request, claude, &found, change, &commands)?;
+    print_entry(entry, request.workspace.as_deref());
+    if request.dry_run {
+        println!("  dry run: nothing was run or written");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let after = files::read(&request.path)?;
+    let written = json::current_entry(after.text.as_deref(), target)
+        .map_err(|error| refusal(&after.path, error))?;
+    if entry::plan(written.as_ref(), entry) != Plan::Unchanged {
+        bail!(
+            "`claude` reported success but {path} has no matching \"{SERVER_NAME}\" entry; if CLAUDE_CONFIG_DIR is set for Claude Code, set it here too and re-run"
+        );
+    }
+    println!("  next: {}", request.client.reload_hint(request.scope));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn claude_uninstall(request: &Request, claude: &Path) -> Result<ExitCode> {
+    let found = files::read(&request.path)?;
+    let target = json_target(Dialect::Json, "mcpServers");
+    let current = json::current_entry(found.text.as_deref(), target)
+        .map_err(|error| refusal(&found.path, error))?;
+    if current.is_none() {
+        println!(
+            "{}: {} has no \"{SERVER_NAME}\" entry; nothing changed",
+            request.label(),
+            found.path.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let commands = vec![claude_cli::remove_args(SERVER_NAME)];
+    run_claude(request, claude, &found, Change::Removed, &commands)?;
+    if request.dry_run {
+        println!("  dry run: nothing was run or written");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let after = files::read(&request.path)?;
+    if json::current_entry(after.text.as_deref(), target)
+        .map_err(|error| refusal(&after.path, error))?
+        .is_some()
+    {
+        bail!(
+            "`claude mcp remove` reported success but {} still has a \"{SERVER_NAME}\" entry",
+            after.path.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Announce, back up and run the `claude` commands (or only announce, in a dry run).
+fn run_claude(
+    request: &Request,
+    claude: &Path,
+    found: &Found,
+    change: Change,
+    commands: &[Vec<String>],
+) -> Result<()> {
+    let verb = if request.dry_run {
+        change.conditional()
+    } else {
+        change.past_tense()
+    };
+    println!(
+        "{}: {verb} \"{SERVER_NAME}\" {} {} (JSON, via {})",
+        request.label(),
+        preposition(change),
+        found.path.display(),
+        claude.display()
+    );
+    if !request.dry_run && found.text.is_some() {
+        let backup = files::backup(found)?;
+        println!("  previous file kept as {}", backup.display());
+    }
+    for args in commands {
+        println!(
+            "  {} claude {}",
+            if request.dry_run {
+                "would run:"
+            } else {
+                "ran:"
+            },
+            claude_cli::shell_words(args)
+        );
+        if !request.dry_run {
+            claude_cli::run(claude, args)?;
+        }
+    }
+    Ok(())
+}
+
+/// `alexandria daemon install-service`
+pub fn install_service(args: &ServiceArgs) -> Result<ExitCode> {
+    let env = Env::from_process()?;
+    let config = ServiceConfig {
+        daemon: daemon_path()?,
+        alexandria_home: alexandria_home(&env),
+        home: env.home.clone(),
+    };
+    if let Some(kind) = args.render {
+        print!("{}", service::render(kind, &config));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let kind = ServiceKind::current();
+    let path = service::service_path(kind, &env.home, env.xdg_config_home.as_deref());
+    let text = service::render(kind, &config);
+    let found = files::read(&path)?;
+    if let Some(existing) = &found.text
+        && !existing.contains(service::MARKER)
+    {
+        bail!(
+            "{} exists and was not written by alexandria; move it away (or remove it), then re-run",
+            found.path.display()
+        );
+    }
+    let changed = found.text.as_deref() != Some(text.as_str());
+    let shown = found.path.display();
+    if !changed {
+        println!("{shown} is up to date; nothing changed");
+    } else if args.dry_run {
+        println!(
+            "would write {shown} (runs {}):\n{text}",
+            config.daemon.display()
+        );
+    } else {
+        let backup = files::write(&found, &text)?;
+        println!("wrote {shown} (runs {})", config.daemon.display());
+        if let Some(backup) = backup {
+            println!("  previous file kept as {}", backup.display());
+        }
+    }
+    if args.dry_run {
+        println!("dry run: nothing was written or started");
+        return Ok(ExitCode::SUCCESS);
+    }
+    match kind {
+        ServiceKind::Systemd => activate_systemd(changed)?,
+        ServiceKind::Launchd => activate_launchd(&found.path, changed)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `alexandria daemon uninstall-service`
+pub fn uninstall_service(args: &ServiceArgs) -> Result<ExitCode> {
+    let env = Env::from_process()?;
+    let kind = ServiceKind::current();
+    let path = service::service_path(kind, &env.home, env.xdg_config_home.as_deref());
+    let found = files::read(&path)?;
+    let Some(existing) = &found.text else {
+        println!("{} does not exist; nothing changed", path.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    if !existing.contains(service::MARKER) {
+        bail!(
+            "{} was not written by alexandria, so it is left alone; remove it yourself if you want it gone",
+            path.display()
+        );
+    }
+    if args.dry_run {
+        println!("would stop the service and remove {}", path.display());
+        println!("dry run: nothing was changed");
+        return Ok(ExitCode::SUCCESS);
+    }
+    match kind {
+        ServiceKind::Systemd => {
+            let systemctl = service::systemd_user_bus();
+            if let Some(systemctl) = &systemctl {
+                let unit = service::SYSTEMD_UNIT;
+                service::run(systemctl, &["--user", "disable", "--now", unit])?;
+                println!("ran: systemctl --user disable --now {unit}");
+            }
+            std::fs::remove_file(&found.path)
+                .with_context(|| format!("cannot remove {}", found.path.display()))?;
+            println!("removed {}", found.path.display());
+            if let Some(systemctl) = &systemctl {
+                service::run(systemctl, &["--user", "daemon-reload"])?;
+            }
+        }
+        ServiceKind::Launchd => {
+            if let Some((launchctl, domain)) = launchd_domain()? {
+                let target = format!("{domain}/{}", service::LAUNCHD_LABEL);
+                if service::succeeds(&launchctl, &["bootout", &target]) {
+                    println!("ran: launchctl bootout {target}");
+                }
+            }
+            std::fs::remove_file(&found.path)
+                .with_context(|| format!("cannot remove {}", found.path.display()))?;
+            println!("removed {}", found.path.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn activate_systemd(changed: bool) -> Result<()> {
+    let unit = service::SYSTEMD_UNIT;
+    let Some(systemctl) = service::systemd_user_bus() else {
+        println!(
+            "systemctl --user cannot reach a user service manager here, so the service was not started; in your login session run:\n  systemctl --user daemon-reload\n  systemctl --user enable --now {unit}\n(stop a daemon started by hand first: alexandria daemon stop)"
+        );
+        return Ok(());
+    };
+    if changed {
+        service::run(&systemctl, &["--user", "daemon-reload"])?;
+    }
+    let enabled = service::succeeds(&systemctl, &["--user", "is-enabled", "--quiet", unit]);
+    let active = service::succeeds(&systemctl, &["--user", "is-active", "--quiet", unit]);
+    if !enabled {
+        service::run(&systemctl, &["--user", "enable", unit])?;
+        println!("ran: systemctl --user enable {unit}");
+    }
+    if !active {
+        service::run(&systemctl, &["--user", "start", unit])?;
+        println!("ran: systemctl --user start {unit}");
+    } else if changed {
+        service::run(&systemctl, &["--user", "restart", unit])?;
+        println!("ran: systemctl --user restart {unit}");
+    } else if enabled {
+        println!("{unit} is enabled and running; nothing changed");
+    }
+    Ok(())
+}
+
+fn activate_launchd(path: &Path, changed: bool) -> Result<()> {
+    let Some((launchctl, domain)) = launchd_domain()? else {
+        println!(
+            "launchctl is not available, so the agent was not loaded; run: launchctl bootstrap gui/$(id -u) {}",
+            path.display()
+        );
+        return Ok(());
+    };
+    let target = format!("{domain}/{}", service::LAUNCHD_LABEL);
+    let loaded = service::succeeds(&launchctl, &["print", &target]);
+    if loaded && !changed {
+        println!("{target} is loaded; nothing changed");
+        return Ok(());
+    }
+    if loaded {
+        service::run(&launchctl, &["bootout", &target])?;
+        println!("ran: launchctl bootout {target}");
+    }
+    let path_text = path.display().to_string();
+    service::run(&launchctl, &["bootstrap", &domain, &path_text])?;
+    println!("ran: launchctl bootstrap {domain} {path_text}");
+    Ok(())
+}
+
+/// `launchctl` and the user's GUI domain (`gui/<uid>`), when both can be found.
+fn launchd_domain() -> Result<Option<(PathBuf, String)>> {
+    let Some(launchctl) = claude_cli::find_on_path("launchctl") else {
+        return Ok(None);
+    };
+    let output = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .context("cannot run `id -u`")?;
+    let uid = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    if !output.status.success() || uid.is_empty() {
+        bail!("`id -u` did not print a user id");
+    }
+    Ok(Some((launchctl, format!("gui/{uid}"))))
+}
+
+fn print_entry(entry: &Entry, workspace: Option<&str>) {
+    println!(
+        "  command: {} {}",
+        entry.command(),
+        claude_cli::shell_words(entry.args())
+    );
+    if let Some(slug) = workspace {
+        println!("  pinned to workspace {slug}");
+    }
+}
+
+fn preposition(change: Change) -> &'static str {
+    match change {
+        Change::Added => "to",
+        Change::Updated => "in",
+        Change::Removed => "from",
+    }
+}
+
+fn json_target(dialect: Dialect, servers_key: &'static str) -> JsonTarget<'static> {
+    JsonTarget {
+        dialect,
+        servers_key,
+        name: SERVER_NAME,
+    }
+}
+
+fn refusal(path: &Path, error: EditError) -> anyhow::Error {
+    anyhow!(
+        "refusing to edit {}: {error}; nothing was changed: fix the file (or move it away) and re-run",
+        path.display()
+    )
+}
+
+/// The absolute, symlink-free path of this `alexandria`, so clients that do not inherit the
+/// user's PATH still find it.
+fn own_executable() -> Result<String> {
+    let exe = std::env::current_exe().context("cannot find the path of this executable")?;
+    let exe =
+        std::fs::canonicalize(&exe).with_context(|| format!("cannot resolve {}", exe.display()))?;
+    exe.to_str().map(str::to_string).ok_or_else(|| {
+        anyhow!(
+            "the path of this executable ({}) is not UTF-8, which client config files cannot hold; install alexandria under a UTF-8 path",
+            exe.display()
+        )
+    })
+}
+
+/// `alexandriad`: `$ALEXANDRIAD` if set, else next to this executable.
+fn daemon_path() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("ALEXANDRIAD").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(path);
+        return std::fs::canonicalize(&path).with_context(|| {
+            format!(
+                "ALEXANDRIAD points to {}, which does not exist",
+                path.display()
+            )
+        });
+    }
+    let exe = PathBuf::from(own_executable()?);
+    let sibling = exe.with_file_name("alexandriad");
+    if !sibling.is_file() {
+        bail!(
+            "cannot find alexandriad next to {}; install both binaries (packaging/install.sh) or set ALEXANDRIAD to its absolute path",
+            exe.display()
+        );
+    }
+    Ok(sibling)
+}
+
+/// `$ALEXANDRIA_HOME` made absolute, when set.
+fn alexandria_home(env: &Env) -> Option<PathBuf> {
+    let home = std::env::var_os(alexandria_proto::home::HOME_ENV).filter(|v| !v.is_empty())?;
+    let home = PathBuf::from(home);
+    Some(if home.is_absolute() {
+        home
+    } else {
+        env.cwd.join(home)
+    })
+}

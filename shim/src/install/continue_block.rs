@@ -1,0 +1,131 @@
+//! Continue's MCP block file `~/.continue/mcpServers/alexandria.yaml`: a whole file that
+//! alexandria owns, recognised by its first line.
+//!
+//! A standalone block keeps us out of the user's `config.yaml` entirely. We write the YAML
+//! ourselves (strings as JSON-style double-quoted scalars, which YAML accepts verbatim), so
+//! no YAML library is needed in the shim; a file with that name that we did not write is
+//! refused rather than overwritten.
+
+use super::entry::Entry;
+use super::{Change, Edit, EditError};
+
+/// First line of every block file we write; the mark that the file is ours.
+pub const MARKER: &str = "# Written by `alexandria mcp install continue`";
+
+/// The block file's whole text.
+pub fn render(entry: &Entry) -> String {
+    let quote = |s: &str| serde_json::Value::String(s.to_string()).to_string();
+    let args: Vec<String> = entry.args().iter().map(|a| quote(a)).collect();
+    format!(
+        "{MARKER}; `alexandria mcp uninstall continue` removes it.\n\
+         name: alexandria\n\
+         version: 0.0.1\n\
+         schema: v1\n\
+         mcpServers:\n  \
+           - name: alexandria\n    \
+             type: stdio\n    \
+             command: {command}\n    \
+             args: [{args}]\n",
+        command = quote(entry.command()),
+        args = args.join(", "),
+    )
+}
+
+pub fn upsert(text: Option<&str>, entry: &Entry) -> Result<Edit, EditError> {
+    let wanted = render(entry);
+    match text {
+        None => Ok(Edit::Changed {
+            change: Change::Added,
+            text: wanted,
+        }),
+        Some(current) if current == wanted => Ok(Edit::Unchanged),
+        Some(current) => {
+            check_ours(current)?;
+            Ok(Edit::Changed {
+                change: Change::Updated,
+                text: wanted,
+            })
+        }
+    }
+}
+
+/// Removing the block means deleting the file: `Changed` carries an empty text.
+pub fn remove(text: Option<&str>) -> Result<Edit, EditError> {
+    match text {
+        None => Ok(Edit::Unchanged),
+        Some(current) => {
+            check_ours(current)?;
+            Ok(Edit::Changed {
+                change: Change::Removed,
+                text: String::new(),
+            })
+        }
+    }
+}
+
+fn check_ours(text: &str) -> Result<(), EditError> {
+    if text.starts_with(MARKER) {
+        Ok(())
+    } else {
+        Err(EditError::NotOurs(
+            "it was not written by alexandria (its first line is not our marker)".to_string(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_quoted_strings() {
+        let entry = Entry::stdio(
+            true,
+            "/opt/my apps/alexandria",
+            &[
+                "mcp".into(),
+                "serve".into(),
+                "--workspace".into(),
+                "notes".into(),
+            ],
+        );
+        let text = render(&entry);
+        assert!(text.starts_with(MARKER));
+        assert!(
+            text.contains("    command: \"/opt/my apps/alexandria\"\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    args: [\"mcp\", \"serve\", \"--workspace\", \"notes\"]\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn edits() {
+        let entry = Entry::stdio(true, "/bin/alexandria", &["mcp".into(), "serve".into()]);
+        let ours = render(&entry);
+        let stale = render(&Entry::stdio(true, "/old", &[]));
+        // (file, install outcome, uninstall outcome); Err(()) is a refusal
+        type Outcome = Result<Option<Change>, ()>;
+        let cases: Vec<(Option<&str>, Outcome, Outcome)> = vec![
+            (None, Ok(Some(Change::Added)), Ok(None)),
+            (Some(&ours), Ok(None), Ok(Some(Change::Removed))),
+            (
+                Some(&stale),
+                Ok(Some(Change::Updated)),
+                Ok(Some(Change::Removed)),
+            ),
+            (Some("name: mine\n"), Err(()), Err(())),
+        ];
+        let summary = |edit: Result<Edit, EditError>| match edit {
+            Ok(Edit::Unchanged) => Ok(None),
+            Ok(Edit::Changed { change, .. }) => Ok(Some(change)),
+            Err(_) => Err(()),
+        };
+        for (input, install, uninstall) in cases {
+            assert_eq!(summary(upsert(input, &entry)), install, "{input:?}");
+            assert_eq!(summary(remove(input)), uninstall, "{input:?}");
+        }
+    }
+}
