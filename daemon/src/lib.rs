@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod db;
 pub mod error;
 pub mod extract;
+pub mod faults;
 pub mod index;
 pub mod markdown;
 pub mod mcp;

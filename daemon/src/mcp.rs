@@ -208,6 +208,9 @@ impl ServerHandler for AlexandriaServer {
         let binding = self.session.binding.clone();
         let started = Instant::now();
         let tool = name.clone();
+        if let Some(delay) = crate::faults::delay_for(&name) {
+            tokio::time::sleep(delay).await;
+        }
         // Tool bodies block (SQLite, files, git) and a panic in one must not take the
         // daemon down: run them on the blocking pool and turn a panic into an error.
         let outcome =

@@ -1,15 +1,24 @@
 //! Harness for the end-to-end tests: locate the real binaries, give each test its own
-//! short temp `ALEXANDRIA_HOME`, start the daemon and shims as real processes.
+//! short temp `ALEXANDRIA_HOME`, start the daemon and shims as real processes, speak
+//! MCP to them with rmcp's client or raw JSON-RPC lines.
 //!
 //! The binaries are built by `cargo build --workspace` (the README's test command does
 //! that first); `CARGO_BIN_EXE_*` is not available here because the binaries belong
 //! to other packages.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
-/// Path of a workspace binary (`alexandria` or `alexandriad`) next to the test
-/// executable's target directory.
+use anyhow::{Context, Result, bail};
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+/// Path of a workspace binary (`alexandria` or `alexandriad`) in the target directory
+/// the tests were built into.
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test>-<hash>
@@ -49,5 +58,340 @@ pub fn isolate(command: &mut Command, home: &Path) {
         .env("ALEXANDRIAD", bin_path("alexandriad"))
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env_remove("ALEXANDRIA_LOG");
+        .env_remove("ALEXANDRIA_LOG")
+        .env_remove("ALEXANDRIA_FAULTS");
+}
+
+/// One test's alexandria home. Dropping it stops its daemon.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub home: PathBuf,
+    /// `ALEXANDRIA_FAULTS` given to every process this env starts.
+    pub faults: Option<String>,
+}
+
+impl Default for Env {
+    fn default() -> Self {
+        Env::new()
+    }
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let dir = short_tempdir();
+        let home = dir.path().join("h");
+        Env {
+            dir,
+            home,
+            faults: None,
+        }
+    }
+
+    pub fn with_faults(faults: &str) -> Env {
+        let mut env = Env::new();
+        env.faults = Some(faults.to_string());
+        env
+    }
+
+    /// The `alexandria` CLI for this home.
+    pub fn command(&self) -> Command {
+        let mut command = alexandria(&self.home);
+        if let Some(faults) = &self.faults {
+            command.env("ALEXANDRIA_FAULTS", faults);
+        }
+        command
+    }
+
+    /// Run the CLI; the output, whatever the exit status.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run alexandria")
+    }
+
+    /// Run the CLI and require success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            output.status.success(),
+            "alexandria {args:?} failed: {}\nstdout: {}",
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Write `files` (name, bytes) into a scratch directory and ingest them.
+    pub fn ingest(&self, workspace: &str, files: &[(&str, &[u8])]) -> String {
+        let scratch = self.dir.path().join("scratch");
+        std::fs::create_dir_all(&scratch).expect("scratch dir");
+        let mut args = vec!["ingest".to_string(), workspace.to_string()];
+        for (name, bytes) in files {
+            let path = scratch.join(name);
+            std::fs::write(&path, bytes).expect("write fixture");
+            args.push(path.display().to_string());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ok(&args)
+    }
+
+    pub fn workspace_dir(&self, slug: &str) -> PathBuf {
+        self.home.join("workspaces").join(slug)
+    }
+
+    /// The pid the running daemon wrote into `run/daemon.pid`.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.home.join("run/daemon.pid")).ok()?;
+        text.split_whitespace().next()?.parse().ok()
+    }
+
+    /// `alexandria mcp serve [--workspace slug]` as a command.
+    pub fn shim_command(&self, pinned: Option<&str>) -> Command {
+        let mut command = self.command();
+        command.args(["mcp", "serve"]);
+        if let Some(slug) = pinned {
+            command.args(["--workspace", slug]);
+        }
+        command
+    }
+
+    /// An rmcp client talking through a real shim process.
+    pub async fn client(&self, pinned: Option<&str>) -> Result<RunningService<RoleClient, ()>> {
+        let command = tokio::process::Command::from(self.shim_command(pinned));
+        let transport = TokioChildProcess::new(command).context("spawn the shim")?;
+        Ok(().serve(transport).await?)
+    }
+
+    /// A shim speaking raw JSON-RPC lines.
+    pub fn raw_shim(&self, pinned: Option<&str>) -> RawShim {
+        let mut child = self
+            .shim_command(pinned)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn shim");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        RawShim {
+            child,
+            stdin: Some(stdin),
+            stdout,
+        }
+    }
+
+    /// Kill this home's daemon with SIGKILL (if one runs) and wait until it is gone.
+    pub fn kill_daemon(&self) {
+        if let Some(pid) = self.daemon_pid() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            wait_until(Duration::from_secs(10), || !process_alive(pid));
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(pid) = self.daemon_pid() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+            if !wait_until(Duration::from_secs(5), || !process_alive(pid)) {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+/// True while `/proc/<pid>` exists and is not a zombie.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Poll `condition` until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A shim process driven line by line.
+pub struct RawShim {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    pub stdout: BufReader<ChildStdout>,
+}
+
+impl RawShim {
+    pub fn send(&mut self, frame: &Value) {
+        self.send_raw(serde_json::to_string(frame).expect("json").as_bytes());
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).expect("write frame");
+        stdin.write_all(b"\n").expect("write newline");
+        stdin.flush().expect("flush");
+    }
+
+    /// The next frame from the shim's stdout; every line must be JSON.
+    pub fn recv(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("the shim closed stdout");
+        }
+        serde_json::from_str(&line).with_context(|| format!("stdout line is not JSON: {line:?}"))
+    }
+
+    /// Frames until one answers `id`; the others are returned too.
+    pub fn recv_id(&mut self, id: &Value) -> Result<(Value, Vec<Value>)> {
+        let mut others = Vec::new();
+        loop {
+            let frame = self.recv()?;
+            if frame.get("id") == Some(id) && frame.get("method").is_none() {
+                return Ok((frame, others));
+            }
+            others.push(frame);
+        }
+    }
+
+    /// Send a request and wait for its answer.
+    pub fn request(&mut self, id: i64, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        self.recv_id(&json!(id)).expect("answer").0
+    }
+
+    /// Initialize with `version` and send `notifications/initialized`.
+    pub fn initialize(&mut self, version: &str) -> Value {
+        let reply = self.request(
+            0,
+            "initialize",
+            json!({"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "1"}}),
+        );
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        reply
+    }
+
+    /// Close stdin and wait for the shim to exit.
+    pub fn close(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.child.wait().expect("wait shim")
+    }
+}
+
+impl Drop for RawShim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A small valid PDF with one page per string (Helvetica text, one line per `\n`).
+pub fn make_pdf(pages: &[&str]) -> Vec<u8> {
+    let mut objects: Vec<String> = Vec::new();
+    let page_count = pages.len();
+    // 1: catalog, 2: pages, 3: font, then (page, content) pairs.
+    objects.push("<< /Type /Catalog /Pages 2 0 R >>".to_string());
+    let kids: Vec<String> = (0..page_count)
+        .map(|i| format!("{} 0 R", 4 + 2 * i))
+        .collect();
+    objects.push(format!(
+        "<< /Type /Pages /Kids [{}] /Count {page_count} >>",
+        kids.join(" ")
+    ));
+    objects.push("<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_string());
+    for (i, text) in pages.iter().enumerate() {
+        let content_id = 5 + 2 * i;
+        objects.push(format!(
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents {content_id} 0 R >>"
+        ));
+        let mut stream = String::from("BT /F1 12 Tf 14 TL 72 720 Td\n");
+        for line in text.lines() {
+            let escaped = line
+                .replace('\\', "\\\\")
+                .replace('(', "\\(")
+                .replace(')', "\\)");
+            stream.push_str(&format!("({escaped}) Tj T*\n"));
+        }
+        stream.push_str("ET");
+        objects.push(format!(
+            "<< /Length {} >>\nstream\n{stream}\nendstream",
+            stream.len()
+        ));
+    }
+    let mut pdf = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, object) in objects.iter().enumerate() {
+        offsets.push(pdf.len());
+        pdf.extend_from_slice(format!("{} 0 obj\n{object}\nendobj\n", i + 1).as_bytes());
+    }
+    let xref = pdf.len();
+    pdf.extend_from_slice(
+        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+    );
+    for offset in offsets {
+        pdf.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    pdf.extend_from_slice(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objects.len() + 1
+        )
+        .as_bytes(),
+    );
+    pdf
+}
+
+/// The smallest valid PNG (1×1, transparent).
+pub const TINY_PNG: &[u8] = &[
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
+    0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0x00, 0x01, 0x00, 0x00,
+    0x05, 0x00, 0x01, 0x0d, 0x0a, 0x2d, 0xb4, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae,
+    0x42, 0x60, 0x82,
+];
+
+/// Call a tool through an rmcp client; returns the whole result as JSON.
+pub async fn call(
+    client: &RunningService<RoleClient, ()>,
+    tool: &str,
+    arguments: Value,
+) -> Result<Value> {
+    let arguments = match arguments {
+        Value::Object(map) => map,
+        _ => bail!("arguments must be an object"),
+    };
+    let result = client
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new(tool.to_string()).with_arguments(arguments),
+        )
+        .await?;
+    Ok(serde_json::to_value(result)?)
+}
+
+/// The error code of an `isError` tool result, if it is one.
+pub fn error_code(result: &Value) -> Option<&str> {
+    if result.get("isError") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    result["structuredContent"]["error"]["code"].as_str()
+}
+
+/// The first text content of a tool result.
+pub fn text_of(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or("")
 }

@@ -1,0 +1,76 @@
+//! Test-only fault injection, enabled by the `ALEXANDRIA_FAULTS` environment variable
+//! (never set it in production). A comma-separated list of:
+//! - `delay:<tool>:<ms>`: sleep before running `<tool>`, so a test can act while a call
+//!   is in flight (for example kill the daemon).
+//! - `crash:<point>`: abort the process when execution reaches `<point>` (used by the
+//!   write path's crash-safety tests).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub const FAULTS_ENV: &str = "ALEXANDRIA_FAULTS";
+
+#[derive(Debug, Default)]
+pub struct Faults {
+    delays: Vec<(String, Duration)>,
+    crashes: Vec<String>,
+}
+
+fn faults() -> &'static Faults {
+    static FAULTS: OnceLock<Faults> = OnceLock::new();
+    FAULTS.get_or_init(|| parse(&std::env::var(FAULTS_ENV).unwrap_or_default()))
+}
+
+fn parse(spec: &str) -> Faults {
+    let mut faults = Faults::default();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let parts: Vec<&str> = item.split(':').collect();
+        match parts.as_slice() {
+            ["delay", tool, ms] => {
+                if let Ok(ms) = ms.parse() {
+                    faults
+                        .delays
+                        .push((tool.to_string(), Duration::from_millis(ms)));
+                }
+            }
+            ["crash", point] => faults.crashes.push(point.to_string()),
+            _ => tracing::warn!(item, "ignoring unknown fault"),
+        }
+    }
+    if !spec.is_empty() {
+        tracing::warn!(spec, "fault injection is on ({FAULTS_ENV}): test use only");
+    }
+    faults
+}
+
+/// The injected delay before `tool`, if any.
+pub fn delay_for(tool: &str) -> Option<Duration> {
+    faults()
+        .delays
+        .iter()
+        .find(|(name, _)| name == tool)
+        .map(|(_, delay)| *delay)
+}
+
+/// Abort the process here if a test asked for a crash at `point`.
+pub fn crash_point(point: &str) {
+    if faults().crashes.iter().any(|p| p == point) {
+        tracing::error!(point, "injected crash");
+        std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_faults() {
+        let faults = parse("delay:read:250, crash:after_commit,bogus");
+        assert_eq!(
+            faults.delays,
+            vec![("read".to_string(), Duration::from_millis(250))]
+        );
+        assert_eq!(faults.crashes, vec!["after_commit".to_string()]);
+    }
+}
