@@ -644,7 +644,7 @@ pub fn read(store: &Store, binding: &Binding, params: ReadParams) -> ToolResult<
                 } else {
                     body
                 };
-                let block = format!("--- page {page} ---\n{}\n", body.trim_end());
+                let block = format!("--- page {page} ---\n{}\n", body.trim());
                 if content.chars().count() + block.chars().count() > max_chars {
                     truncated = true;
                     if returned.is_empty() {

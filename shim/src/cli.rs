@@ -16,7 +16,10 @@ use crate::connect::{Connection, Connector, daemon_binary};
 
 /// Send `request` (starting the daemon if needed) and return the final reply's text
 /// and data. Progress lines are shown on stderr when it is a terminal.
-fn request(connector: &Connector, request: &ControlRequest) -> Result<(String, serde_json::Value)> {
+pub(crate) fn request(
+    connector: &Connector,
+    request: &ControlRequest,
+) -> Result<(String, serde_json::Value)> {
     let connection = connector.connect(ConnectionKind::Control)?;
     exchange(connection, request)
 }

@@ -174,7 +174,7 @@ impl Connector {
             "run `ALEXANDRIA_HOME={} ALEXANDRIA_LOG=debug {} ` in a terminal to see why, or read {}",
             self.home.root().display(),
             daemon.display(),
-            self.home.logs_dir().join("daemon.log").display()
+            self.home.logs_dir().join("daemon.*.log").display()
         );
         let line = match receiver.recv_timeout(START_TIMEOUT) {
             Ok(Ok(line)) => line,

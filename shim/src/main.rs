@@ -5,6 +5,7 @@
 
 mod cli;
 mod connect;
+mod demo;
 mod install;
 mod pump;
 
@@ -45,6 +46,12 @@ enum Command {
     /// Start, stop and inspect the daemon
     #[command(subcommand)]
     Daemon(DaemonCommand),
+    /// Run a scripted agent session (guide, search, read) on a bundled sample workspace
+    Demo {
+        /// Keep the demo's temporary home instead of deleting it
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -108,8 +115,12 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Command::Demo { keep } = args.command {
+        return demo::run(keep);
+    }
     let connector = connect::Connector::from_env()?;
     match args.command {
+        Command::Demo { .. } => unreachable!("handled above"),
         Command::Mcp(McpCommand::Serve { workspace }) => {
             let binding = match workspace {
                 Some(slug) => {
