@@ -1,7 +1,7 @@
 //! The front end of the install commands: find the file, run the pure edit, write it with
 //! care and tell the user what changed. The only module under `install` that prints.
-#![allow(clippy::print_stdout)]
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -13,6 +13,20 @@ use super::files::{self, Found};
 use super::json::{self, Dialect, JsonTarget};
 use super::service::{self, ServiceConfig, ServiceKind};
 use super::{Change, Edit, EditError, SERVER_NAME, claude_cli, codex, continue_block};
+
+/// `println!` that never fails: a closed stdout (`… | head`) must not abort an install
+/// half-way, between running a command and checking its result.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
 
 #[derive(clap::Args)]
 pub struct McpInstallArgs {
@@ -139,14 +153,14 @@ impl Request {
         let (change, text) = match edit {
             Edit::Unchanged => {
                 match (entry, &found.text) {
-                    (Some(_), _) => println!(
+                    (Some(_), _) => say!(
                         "{}: {path} already has an up-to-date \"{SERVER_NAME}\" entry; nothing changed",
                         self.label()
                     ),
                     (None, None) => {
-                        println!("{}: {path} does not exist; nothing changed", self.label())
+                        say!("{}: {path} does not exist; nothing changed", self.label())
                     }
-                    (None, Some(_)) => println!(
+                    (None, Some(_)) => say!(
                         "{}: {path} has no \"{SERVER_NAME}\" entry; nothing changed",
                         self.label()
                     ),
@@ -160,7 +174,7 @@ impl Request {
         } else {
             change.past_tense()
         };
-        println!(
+        say!(
             "{}: {verb} \"{SERVER_NAME}\" {} {path} ({})",
             self.label(),
             preposition(change),
@@ -170,7 +184,7 @@ impl Request {
             print_entry(entry, self.workspace.as_deref());
         }
         if self.dry_run {
-            println!("  dry run: nothing was written");
+            say!("  dry run: nothing was written");
             return Ok(ExitCode::SUCCESS);
         }
         let backup = match (self.format, change) {
@@ -178,10 +192,10 @@ impl Request {
             _ => files::write(found, &text)?,
         };
         if let Some(backup) = backup {
-            println!("  previous file kept as {}", backup.display());
+            say!("  previous file kept as {}", backup.display());
         }
         if change != Change::Removed {
-            println!("  next: {}", self.client.reload_hint(self.scope));
+            say!("  next: {}", self.client.reload_hint(self.scope));
         }
         Ok(ExitCode::SUCCESS)
     }
@@ -198,7 +212,7 @@ fn claude_install(request: &Request, claude: &Path, entry: &Entry) -> Result<Exi
     let path = found.path.display();
     let change = match plan {
         Plan::Unchanged => {
-            println!(
+            say!(
                 "{}: {path} already has an up-to-date \"{SERVER_NAME}\" entry; nothing changed",
                 request.label()
             );
@@ -219,7 +233,7 @@ fn claude_install(request: &Request, claude: &Path, entry: &Entry) -> Result<Exi
     run_claude(request, claude, &found, change, &commands)?;
     print_entry(entry, request.workspace.as_deref());
     if request.dry_run {
-        println!("  dry run: nothing was run or written");
+        say!("  dry run: nothing was run or written");
         return Ok(ExitCode::SUCCESS);
     }
     let after = files::read(&request.path)?;
@@ -230,7 +244,7 @@ fn claude_install(request: &Request, claude: &Path, entry: &Entry) -> Result<Exi
             "`claude` reported success but {path} has no matching \"{SERVER_NAME}\" entry; if CLAUDE_CONFIG_DIR is set for Claude Code, set it here too and re-run"
         );
     }
-    println!("  next: {}", request.client.reload_hint(request.scope));
+    say!("  next: {}", request.client.reload_hint(request.scope));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -240,7 +254,7 @@ fn claude_uninstall(request: &Request, claude: &Path) -> Result<ExitCode> {
     let current = json::current_entry(found.text.as_deref(), target)
         .map_err(|error| refusal(&found.path, error))?;
     if current.is_none() {
-        println!(
+        say!(
             "{}: {} has no \"{SERVER_NAME}\" entry; nothing changed",
             request.label(),
             found.path.display()
@@ -250,7 +264,7 @@ fn claude_uninstall(request: &Request, claude: &Path) -> Result<ExitCode> {
     let commands = vec![claude_cli::remove_args(SERVER_NAME)];
     run_claude(request, claude, &found, Change::Removed, &commands)?;
     if request.dry_run {
-        println!("  dry run: nothing was run or written");
+        say!("  dry run: nothing was run or written");
         return Ok(ExitCode::SUCCESS);
     }
     let after = files::read(&request.path)?;
@@ -279,7 +293,7 @@ fn run_claude(
     } else {
         change.past_tense()
     };
-    println!(
+    say!(
         "{}: {verb} \"{SERVER_NAME}\" {} {} (JSON, via {})",
         request.label(),
         preposition(change),
@@ -288,10 +302,10 @@ fn run_claude(
     );
     if !request.dry_run && found.text.is_some() {
         let backup = files::backup(found)?;
-        println!("  previous file kept as {}", backup.display());
+        say!("  previous file kept as {}", backup.display());
     }
     for args in commands {
-        println!(
+        say!(
             "  {} claude {}",
             if request.dry_run {
                 "would run:"
@@ -316,7 +330,7 @@ pub fn install_service(args: &ServiceArgs) -> Result<ExitCode> {
         home: env.home.clone(),
     };
     if let Some(kind) = args.render {
-        print!("{}", service::render(kind, &config));
+        say_raw!("{}", service::render(kind, &config));
         return Ok(ExitCode::SUCCESS);
     }
     let kind = ServiceKind::current();
@@ -334,21 +348,21 @@ pub fn install_service(args: &ServiceArgs) -> Result<ExitCode> {
     let changed = found.text.as_deref() != Some(text.as_str());
     let shown = found.path.display();
     if !changed {
-        println!("{shown} is up to date; nothing changed");
+        say!("{shown} is up to date; nothing changed");
     } else if args.dry_run {
-        println!(
+        say!(
             "would write {shown} (runs {}):\n{text}",
             config.daemon.display()
         );
     } else {
         let backup = files::write(&found, &text)?;
-        println!("wrote {shown} (runs {})", config.daemon.display());
+        say!("wrote {shown} (runs {})", config.daemon.display());
         if let Some(backup) = backup {
-            println!("  previous file kept as {}", backup.display());
+            say!("  previous file kept as {}", backup.display());
         }
     }
     if args.dry_run {
-        println!("dry run: nothing was written or started");
+        say!("dry run: nothing was written or started");
         return Ok(ExitCode::SUCCESS);
     }
     match kind {
@@ -365,7 +379,7 @@ pub fn uninstall_service(args: &ServiceArgs) -> Result<ExitCode> {
     let path = service::service_path(kind, &env.home, env.xdg_config_home.as_deref());
     let found = files::read(&path)?;
     let Some(existing) = &found.text else {
-        println!("{} does not exist; nothing changed", path.display());
+        say!("{} does not exist; nothing changed", path.display());
         return Ok(ExitCode::SUCCESS);
     };
     if !existing.contains(service::MARKER) {
@@ -375,8 +389,8 @@ pub fn uninstall_service(args: &ServiceArgs) -> Result<ExitCode> {
         );
     }
     if args.dry_run {
-        println!("would stop the service and remove {}", path.display());
-        println!("dry run: nothing was changed");
+        say!("would stop the service and remove {}", path.display());
+        say!("dry run: nothing was changed");
         return Ok(ExitCode::SUCCESS);
     }
     match kind {
@@ -385,11 +399,11 @@ pub fn uninstall_service(args: &ServiceArgs) -> Result<ExitCode> {
             if let Some(systemctl) = &systemctl {
                 let unit = service::SYSTEMD_UNIT;
                 service::run(systemctl, &["--user", "disable", "--now", unit])?;
-                println!("ran: systemctl --user disable --now {unit}");
+                say!("ran: systemctl --user disable --now {unit}");
             }
             std::fs::remove_file(&found.path)
                 .with_context(|| format!("cannot remove {}", found.path.display()))?;
-            println!("removed {}", found.path.display());
+            say!("removed {}", found.path.display());
             if let Some(systemctl) = &systemctl {
                 service::run(systemctl, &["--user", "daemon-reload"])?;
             }
@@ -398,12 +412,12 @@ pub fn uninstall_service(args: &ServiceArgs) -> Result<ExitCode> {
             if let Some((launchctl, domain)) = launchd_domain()? {
                 let target = format!("{domain}/{}", service::LAUNCHD_LABEL);
                 if service::succeeds(&launchctl, &["bootout", &target]) {
-                    println!("ran: launchctl bootout {target}");
+                    say!("ran: launchctl bootout {target}");
                 }
             }
             std::fs::remove_file(&found.path)
                 .with_context(|| format!("cannot remove {}", found.path.display()))?;
-            println!("removed {}", found.path.display());
+            say!("removed {}", found.path.display());
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -412,7 +426,7 @@ pub fn uninstall_service(args: &ServiceArgs) -> Result<ExitCode> {
 fn activate_systemd(changed: bool) -> Result<()> {
     let unit = service::SYSTEMD_UNIT;
     let Some(systemctl) = service::systemd_user_bus() else {
-        println!(
+        say!(
             "systemctl --user cannot reach a user service manager here, so the service was not started; in your login session run:\n  systemctl --user daemon-reload\n  systemctl --user enable --now {unit}\n(stop a daemon started by hand first: alexandria daemon stop)"
         );
         return Ok(());
@@ -424,23 +438,23 @@ fn activate_systemd(changed: bool) -> Result<()> {
     let active = service::succeeds(&systemctl, &["--user", "is-active", "--quiet", unit]);
     if !enabled {
         service::run(&systemctl, &["--user", "enable", unit])?;
-        println!("ran: systemctl --user enable {unit}");
+        say!("ran: systemctl --user enable {unit}");
     }
     if !active {
         service::run(&systemctl, &["--user", "start", unit])?;
-        println!("ran: systemctl --user start {unit}");
+        say!("ran: systemctl --user start {unit}");
     } else if changed {
         service::run(&systemctl, &["--user", "restart", unit])?;
-        println!("ran: systemctl --user restart {unit}");
+        say!("ran: systemctl --user restart {unit}");
     } else if enabled {
-        println!("{unit} is enabled and running; nothing changed");
+        say!("{unit} is enabled and running; nothing changed");
     }
     Ok(())
 }
 
 fn activate_launchd(path: &Path, changed: bool) -> Result<()> {
     let Some((launchctl, domain)) = launchd_domain()? else {
-        println!(
+        say!(
             "launchctl is not available, so the agent was not loaded; run: launchctl bootstrap gui/$(id -u) {}",
             path.display()
         );
@@ -449,16 +463,16 @@ fn activate_launchd(path: &Path, changed: bool) -> Result<()> {
     let target = format!("{domain}/{}", service::LAUNCHD_LABEL);
     let loaded = service::succeeds(&launchctl, &["print", &target]);
     if loaded && !changed {
-        println!("{target} is loaded; nothing changed");
+        say!("{target} is loaded; nothing changed");
         return Ok(());
     }
     if loaded {
         service::run(&launchctl, &["bootout", &target])?;
-        println!("ran: launchctl bootout {target}");
+        say!("ran: launchctl bootout {target}");
     }
     let path_text = path.display().to_string();
     service::run(&launchctl, &["bootstrap", &domain, &path_text])?;
-    println!("ran: launchctl bootstrap {domain} {path_text}");
+    say!("ran: launchctl bootstrap {domain} {path_text}");
     Ok(())
 }
 
@@ -479,13 +493,13 @@ fn launchd_domain() -> Result<Option<(PathBuf, String)>> {
 }
 
 fn print_entry(entry: &Entry, workspace: Option<&str>) {
-    println!(
+    say!(
         "  command: {} {}",
         entry.command(),
         claude_cli::shell_words(entry.args())
     );
     if let Some(slug) = workspace {
-        println!("  pinned to workspace {slug}");
+        say!("  pinned to workspace {slug}");
     }
 }
 
