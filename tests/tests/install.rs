@@ -3,8 +3,9 @@
 //! HOME with a PATH that holds nothing (or only the tools a test puts there).
 //!
 //! Files are read back the way each client reads them: strict JSON, JSON with comments,
-//! TOML, YAML. Where the client's own CLI can be had (Claude Code from npm), it lists the
-//! server; `systemd-analyze` verifies the unit and the `plist` crate parses the agent.
+//! TOML, YAML. Where the client's own CLI can be had from npm (Claude Code, Codex, Gemini
+//! CLI), it lists the server; `systemd-analyze` verifies the unit and the `plist` crate
+//! parses the agent.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -701,46 +702,108 @@ fn bad_arguments_are_refused() {
     assert!(walk(&sandbox.home).is_empty());
 }
 
-// --- Claude Code's own CLI ------------------------------------------------------------
+// --- the clients' own CLIs ------------------------------------------------------------
 
-/// The real `claude` (npm `@anthropic-ai/claude-code`), from `$ALEXANDRIA_TEST_CLAUDE` or
-/// PATH. CI must have it; elsewhere the test says it skipped.
-fn real_claude() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("ALEXANDRIA_TEST_CLAUDE") {
+/// A client's real CLI from npm (`ALEXANDRIA_TEST_<NAME>` or PATH). CI must have it;
+/// elsewhere the test says it skipped.
+fn real_cli(name: &str, npm_package: &str) -> Option<PathBuf> {
+    let variable = format!("ALEXANDRIA_TEST_{}", name.to_uppercase());
+    if let Some(path) = std::env::var_os(&variable) {
         return Some(PathBuf::from(path));
     }
     let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|dir| dir.join("claude"))
+        .map(|dir| dir.join(name))
         .find(|path| path.is_file());
     if found.is_none() {
         assert!(
             std::env::var_os("CI").is_none(),
-            "claude is not installed; CI needs it: npm install -g @anthropic-ai/claude-code"
+            "{name} is not installed; CI needs it: npm install -g {npm_package}"
         );
-        eprintln!("skipping the Claude Code CLI checks: `claude` is not on PATH");
+        eprintln!("skipping the {name} CLI checks: `{name}` is not on PATH (or set {variable})");
     }
     found
 }
 
+fn real_claude() -> Option<PathBuf> {
+    real_cli("claude", "@anthropic-ai/claude-code")
+}
+
 impl Sandbox {
-    /// `claude <args>` in this sandbox. Its health check starts `alexandria mcp serve`; the
-    /// shim's daemon is pointed at nothing so no daemon outlives the test.
-    fn claude(&self, claude: &Path, args: &[&str]) -> String {
-        let output = Command::new(claude)
+    /// A client CLI run in this sandbox, offline and logged out. Health checks may start
+    /// `alexandria mcp serve`; its daemon is pointed at nothing so none outlives the test.
+    fn client_cli(&self, program: &Path, args: &[&str]) -> String {
+        let output = Command::new(program)
             .args(args)
             .current_dir(&self.project)
             .env_clear()
             .env("HOME", &self.home)
-            .env("PATH", format!("{}:/usr/bin:/bin", self.bin.display()))
+            .env(
+                "PATH",
+                format!("{}:/usr/local/bin:/usr/bin:/bin", self.bin.display()),
+            )
             .env("ALEXANDRIA_HOME", self.root.join("alx"))
             .env("ALEXANDRIAD", self.root.join("no-daemon"))
             .env("DISABLE_AUTOUPDATER", "1")
             .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
             .output()
-            .expect("run claude");
-        assert_success(&output, ("claude", args));
-        String::from_utf8_lossy(&output.stdout).into_owned()
+            .expect("run client cli");
+        assert_success(&output, (program, args));
+        // Gemini CLI lists on stderr, the others on stdout.
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
     }
+}
+
+#[test]
+fn codex_reads_back_what_we_install() {
+    let Some(codex) = real_cli("codex", "@openai/codex") else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let user_file = sandbox.user_path(&CLIENTS[3]);
+    write(&user_file, fixture(&CLIENTS[3]));
+    sandbox.run(&["mcp", "install", "codex"]);
+    let get = sandbox.client_cli(&codex, &["mcp", "get", "alexandria"]);
+    assert!(get.contains(&format!("command: {}\n", exe())), "{get}");
+    assert!(get.contains("args: mcp serve\n"), "{get}");
+    let list = sandbox.client_cli(&codex, &["mcp", "list"]);
+    assert!(list.contains("other"), "{list}");
+
+    // The project file counts in a trusted project.
+    let trust = format!(
+        "\n[projects.\"{}\"]\ntrust_level = \"trusted\"\n",
+        sandbox.project.display()
+    );
+    fs::write(&user_file, read(&user_file) + &trust).expect("trust the project");
+    sandbox.run(&["mcp", "install", "codex", "--workspace", "notes"]);
+    let get = sandbox.client_cli(&codex, &["mcp", "get", "alexandria"]);
+    assert!(get.contains("args: mcp serve --workspace notes\n"), "{get}");
+}
+
+#[test]
+fn gemini_cli_reads_back_what_we_install() {
+    let Some(gemini) = real_cli("gemini", "@google/gemini-cli") else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let user_file = sandbox.user_path(&CLIENTS[7]);
+    write(&user_file, fixture(&CLIENTS[7]));
+    sandbox.run(&["mcp", "install", "gemini", "--workspace", "notes"]);
+    let list = sandbox.client_cli(&gemini, &["mcp", "list"]);
+    assert!(
+        list.contains(&format!(
+            "alexandria: {} mcp serve --workspace notes (stdio)",
+            exe()
+        )),
+        "{list}"
+    );
+    assert!(list.contains("other: other"), "{list}");
+    sandbox.run(&["mcp", "uninstall", "gemini"]);
+    let list = sandbox.client_cli(&gemini, &["mcp", "list"]);
+    assert!(!list.contains("alexandria"), "{list}");
 }
 
 #[test]
@@ -755,7 +818,7 @@ fn claude_code_reads_back_what_we_install() {
     // Without `claude` on PATH: we edit ~/.claude.json ourselves; Claude Code reads it.
     let out = sandbox.run(&["mcp", "install", "claude-code"]);
     assert!(!out.contains("via"), "{out}");
-    let get = sandbox.claude(&claude, &["mcp", "get", "alexandria"]);
+    let get = sandbox.client_cli(&claude, &["mcp", "get", "alexandria"]);
     assert!(get.contains("User config"), "{get}");
     assert!(get.contains(&command_line), "{get}");
     assert!(get.contains("Args: mcp serve\n"), "{get}");
@@ -779,7 +842,7 @@ fn claude_code_reads_back_what_we_install() {
     );
     // (Claude Code drops settings equal to its defaults, such as "theme": "dark".)
     assert_eq!(document["numStartups"], 3, "other settings kept");
-    let list = sandbox.claude(&claude, &["mcp", "list"]);
+    let list = sandbox.client_cli(&claude, &["mcp", "list"]);
     assert!(list.contains("alexandria: "), "{list}");
     assert!(list.contains("other: "), "{list}");
     let out = sandbox.run(&["mcp", "install", "claude-code"]);
@@ -787,7 +850,7 @@ fn claude_code_reads_back_what_we_install() {
 
     // A pinned install goes to .mcp.json, which Claude Code reads as the project scope.
     sandbox.run(&["mcp", "install", "claude-code", "--workspace", "notes"]);
-    let get = sandbox.claude(&claude, &["mcp", "get", "alexandria"]);
+    let get = sandbox.client_cli(&claude, &["mcp", "get", "alexandria"]);
     assert!(get.contains(&command_line), "{get}");
 
     let out = sandbox.run(&["mcp", "uninstall", "claude-code"]);
