@@ -16,7 +16,7 @@ port = 0
 
 [write]
 # How long a write waits for the workspace lock before answering workspace_busy.
-lock_timeout_secs = 30
+lock_timeout_secs = 30.0
 
 [logs]
 # Tool-call logs (logs/mcp-<date>.jsonl) older than this are deleted.
@@ -41,7 +41,7 @@ pub struct HttpConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
 pub struct WriteConfig {
-    pub lock_timeout_secs: u64,
+    pub lock_timeout_secs: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -62,7 +62,7 @@ impl Default for HttpConfig {
 impl Default for WriteConfig {
     fn default() -> WriteConfig {
         WriteConfig {
-            lock_timeout_secs: 30,
+            lock_timeout_secs: 30.0,
         }
     }
 }
@@ -115,9 +115,10 @@ mod tests {
     fn default_file_parses_to_defaults() {
         let config: Config = toml::from_str(DEFAULT_CONFIG).expect("default config parses");
         assert_eq!(config.http.bind, "127.0.0.1");
-        assert_eq!(config.write.lock_timeout_secs, 30);
-        let partial: Config = toml::from_str("[write]\nlock_timeout_secs = 2\n").expect("partial");
-        assert_eq!(partial.write.lock_timeout_secs, 2);
+        assert_eq!(config.write.lock_timeout_secs, 30.0);
+        let partial: Config =
+            toml::from_str("[write]\nlock_timeout_secs = 2.5\n").expect("partial");
+        assert_eq!(partial.write.lock_timeout_secs, 2.5);
         assert_eq!(partial.logs.retention_days, 7);
     }
 }

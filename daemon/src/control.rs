@@ -211,7 +211,13 @@ fn ingest(
     store.require_workspace(workspace)?;
     let raw_dir = store.workspace_dir(workspace).join("raw");
     let state = store.state(workspace);
-    let _write = state.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let run_id = format!("ingest-{}", uuid::Uuid::new_v4().simple());
+    let timeout = std::time::Duration::from_secs_f64(store.config.write.lock_timeout_secs);
+    let _lock = state.lock.acquire(
+        &store.workspace_dir(workspace).join(".lock"),
+        &run_id,
+        timeout,
+    )?;
     let total = files.len() as u64;
     let mut added = Vec::new();
     let mut skipped = Vec::new();

@@ -18,7 +18,7 @@ use crate::store::Store;
 use crate::{index, socket};
 
 /// How often the index is compared with the disk to pick up outside edits.
-const RESCAN_INTERVAL: Duration = Duration::from_secs(2);
+const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
@@ -117,6 +117,16 @@ async fn start(options: &DaemonOptions) -> Result<(UnixListener, Arc<DaemonConte
     .await
     .context("opening the store panicked")?
     .context("cannot open the store")?;
+    // Finish or drop writes interrupted by a crash before anything is served.
+    let recovered = tokio::task::spawn_blocking({
+        let store = Arc::clone(&store);
+        move || crate::write::recover(&store)
+    })
+    .await
+    .context("recovery panicked")?;
+    for line in recovered {
+        tracing::warn!("recovery: {line}");
+    }
     // We hold the pidfile lock, so no other daemon owns this socket: a leftover file
     // is stale.
     let socket = home.socket();

@@ -18,5 +18,6 @@ pub mod sessions;
 pub mod socket;
 pub mod store;
 pub mod tools;
+pub mod write;
 
 pub use daemon::{DaemonOptions, run};

@@ -21,6 +21,7 @@ use crate::error::ToolError;
 use crate::sessions::SessionInfo;
 use crate::store::Store;
 use crate::tools::{self, GuideParams, ReadParams, SearchParams, ToolOutput};
+use crate::write::{self, Caller, DeleteParams, HistoryParams, WriteParams};
 
 /// What the server tells clients in `initialize` (and what tool search indexes).
 pub const INSTRUCTIONS: &str = "alexandria serves the user's own local markdown wikis (workspaces kept in git), built from their notes, papers and transcripts. Use it for what the user has collected and written down, not for the public web or source code. Call guide first: it explains the layers (raw/ sources, wiki/ pages), the citation format, and lists the workspaces. Then search (ranked full text, or list by glob) and read (files, PDF pages, markdown sections).";
@@ -83,6 +84,39 @@ pub fn tool_definitions() -> Vec<Tool> {
         )
         .with_title("alexandria: read wiki pages and sources")
         .with_annotations(read_only("alexandria: read wiki pages and sources")),
+        Tool::new(
+            "write",
+            "Write a page of the user's alexandria wiki (under wiki/ only; raw/ sources are read-only). command=create (new page from content; never overwrites), str_replace (replace old_str, which must occur exactly once, with new_str), append (add content at the end). Cite sources as footnotes `[^1]: raw/paper.pdf, p.3` or links `[text](raw/notes.md)`: a missing file or PDF page is refused with citation_invalid. Pass base_rev (the rev from read) to be refused with stale_plan if the page changed since. Each write is one git commit; returns the new rev.",
+            schema_of::<WriteParams>(),
+        )
+        .with_title("alexandria: write a wiki page")
+        .with_annotations(
+            ToolAnnotations::with_title("alexandria: write a wiki page")
+                .read_only(false)
+                .destructive(false)
+                .idempotent(false)
+                .open_world(false),
+        ),
+        Tool::new(
+            "delete",
+            "Soft-delete a page of the user's alexandria wiki: it moves to the workspace's .trash/ (and stays in git history). wiki/index.md, wiki/log.md, wiki/SCHEMA.md and anything in raw/ are protected.",
+            schema_of::<DeleteParams>(),
+        )
+        .with_title("alexandria: delete a wiki page")
+        .with_annotations(
+            ToolAnnotations::with_title("alexandria: delete a wiki page")
+                .read_only(false)
+                .destructive(true)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        Tool::new(
+            "history",
+            "What was done to the user's alexandria wiki: writes and deletes by agents (with run ids) and changes made outside alexandria (an editor, git pull), newest first. Filter by time (since/until), op, path glob, run_id; page with limit and cursor.",
+            schema_of::<HistoryParams>(),
+        )
+        .with_title("alexandria: wiki history")
+        .with_annotations(read_only("alexandria: wiki history")),
     ]
 }
 
@@ -99,6 +133,7 @@ fn parse<T: DeserializeOwned>(tool: &str, arguments: Value) -> Result<T, ToolErr
 pub fn dispatch(
     store: &Store,
     binding: &Binding,
+    caller: &Caller,
     tool: &str,
     arguments: Value,
 ) -> Result<ToolOutput, ToolError> {
@@ -106,6 +141,9 @@ pub fn dispatch(
         "guide" => tools::guide(store, binding, parse(tool, arguments)?),
         "search" => tools::search(store, binding, parse(tool, arguments)?),
         "read" => tools::read(store, binding, parse(tool, arguments)?),
+        "write" => write::write(store, binding, caller, parse(tool, arguments)?),
+        "delete" => write::delete(store, binding, caller, parse(tool, arguments)?),
+        "history" => write::history(store, binding, parse(tool, arguments)?),
         other => Err(ToolError::invalid_argument(
             format!("unknown tool {other}"),
             "call tools/list for the tools alexandria offers",
@@ -206,6 +244,13 @@ impl ServerHandler for AlexandriaServer {
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let store = Arc::clone(&self.store);
         let binding = self.session.binding.clone();
+        let caller = Caller {
+            client: self
+                .session
+                .client()
+                .map(|(name, version)| format!("{name} {version}")),
+            session: Some(self.session.id.clone()),
+        };
         let started = Instant::now();
         let tool = name.clone();
         if let Some(delay) = crate::faults::delay_for(&name) {
@@ -213,12 +258,11 @@ impl ServerHandler for AlexandriaServer {
         }
         // Tool bodies block (SQLite, files, git) and a panic in one must not take the
         // daemon down: run them on the blocking pool and turn a panic into an error.
-        let outcome =
-            tokio::task::spawn_blocking(move || dispatch(&store, &binding, &tool, arguments))
-                .await
-                .unwrap_or_else(|join_error| {
-                    Err(ToolError::internal("the tool crashed", join_error))
-                });
+        let outcome = tokio::task::spawn_blocking(move || {
+            dispatch(&store, &binding, &caller, &tool, arguments)
+        })
+        .await
+        .unwrap_or_else(|join_error| Err(ToolError::internal("the tool crashed", join_error)));
         let ok = outcome.is_ok();
         tracing::info!(
             session = %self.session.id,
@@ -242,7 +286,9 @@ mod tests {
             assert!(properties.get("workspace").is_some(), "{}", tool.name);
             assert_eq!(tool.input_schema.get("type"), Some(&Value::from("object")));
             let annotations = tool.annotations.as_ref().expect("annotations");
-            assert_eq!(annotations.read_only_hint, Some(true));
+            let writes = matches!(tool.name.as_ref(), "write" | "delete");
+            assert_eq!(annotations.read_only_hint, Some(!writes), "{}", tool.name);
+            assert_eq!(annotations.open_world_hint, Some(false));
         }
     }
 

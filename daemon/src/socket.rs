@@ -63,7 +63,24 @@ pub async fn read_frame<R: AsyncBufRead + Unpin>(
     buffer: &mut Vec<u8>,
     max: usize,
 ) -> std::io::Result<Frame> {
+    let mut tail = Vec::new();
+    read_frame_keeping_ends(reader, buffer, &mut tail, max).await
+}
+
+/// How much of an oversized frame's start and end is kept to find its id and method.
+const KEEP_HEAD: usize = 64 * 1024;
+const KEEP_TAIL: usize = 4 * 1024;
+
+/// Like `read_frame`, but for an oversized frame `buffer` keeps its first bytes and
+/// `tail` its last ones, so the request can still be answered by id.
+pub async fn read_frame_keeping_ends<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    buffer: &mut Vec<u8>,
+    tail: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Frame> {
     buffer.clear();
+    tail.clear();
     let mut too_large = false;
     loop {
         let available = reader.fill_buf().await?;
@@ -80,13 +97,18 @@ pub async fn read_frame<R: AsyncBufRead + Unpin>(
             Some(i) => (i, true),
             None => (available.len(), false),
         };
-        if !too_large {
-            if buffer.len() + take > max {
-                too_large = true;
-                buffer.clear();
-            } else {
-                buffer.extend_from_slice(&available[..take]);
+        let chunk = &available[..take];
+        if !too_large && buffer.len() + take > max {
+            too_large = true;
+            buffer.truncate(KEEP_HEAD);
+        }
+        if too_large {
+            tail.extend_from_slice(chunk);
+            if tail.len() > KEEP_TAIL {
+                tail.drain(..tail.len() - KEEP_TAIL);
             }
+        } else {
+            buffer.extend_from_slice(chunk);
         }
         reader.consume(if done { take + 1 } else { take });
         if done {
@@ -97,6 +119,62 @@ pub async fn read_frame<R: AsyncBufRead + Unpin>(
             });
         }
     }
+}
+
+/// Find `"key": <scalar>` in a fragment of JSON: the value of the first occurrence
+/// (in the head) or of the last one (in the tail).
+fn sniff(fragment: &[u8], key: &str, last: bool) -> Option<serde_json::Value> {
+    let text = String::from_utf8_lossy(fragment);
+    let needle = format!("\"{key}\"");
+    let position = if last {
+        text.rfind(&needle)
+    } else {
+        text.find(&needle)
+    }?;
+    let rest = text[position + needle.len()..]
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start();
+    let end = if let Some(body) = rest.strip_prefix('"') {
+        body.find('"')? + 2
+    } else {
+        rest.find(|c: char| !(c.is_ascii_digit() || c == '-'))
+            .unwrap_or(rest.len())
+    };
+    serde_json::from_str(&rest[..end]).ok()
+}
+
+/// The answer to an oversized frame: a `too_large` tool error for `tools/call`, a
+/// JSON-RPC error otherwise, addressed to the request's id when it can be found.
+pub fn frame_too_large(head: &[u8], tail: &[u8]) -> TxJsonRpcMessage<RoleServer> {
+    // Clients put "id" either before "params" (found in the head) or last (the tail).
+    let params_at = String::from_utf8_lossy(head)
+        .find("\"params\"")
+        .unwrap_or(head.len());
+    let id = sniff(&head[..params_at], "id", false).or_else(|| sniff(tail, "id", true));
+    let method = sniff(&head[..params_at], "method", false).or_else(|| sniff(tail, "method", true));
+    let message = format!("the message is larger than {MAX_FRAME_BYTES} bytes and was discarded");
+    if let Some(id) = id.clone()
+        && method.as_ref().and_then(|m| m.as_str()) == Some("tools/call")
+    {
+        let reply = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "result": {
+                "content": [{"type": "text", "text": format!("too_large: {message}\nhint: split the content into several smaller pages or calls")}],
+                "structuredContent": {"error": {"code": "too_large", "message": message, "hint": "split the content into several smaller pages or calls", "limit_bytes": MAX_FRAME_BYTES}},
+                "isError": true
+            }
+        });
+        if let Ok(reply) = serde_json::from_value(reply) {
+            return reply;
+        }
+    }
+    let id = id.and_then(|id| serde_json::from_value::<RequestId>(id).ok());
+    JsonRpcMessage::Error(JsonRpcError::new(
+        id,
+        ErrorData::invalid_request(message, None),
+    ))
 }
 
 async fn write_line<W: AsyncWrite + Unpin>(writer: &mut W, line: &[u8]) -> std::io::Result<()> {
@@ -242,17 +320,14 @@ async fn serve_mcp(
     let mut errors = to_client.clone();
     let reader_task = tokio::spawn(async move {
         let mut buffer = Vec::with_capacity(4096);
+        let mut tail = Vec::new();
         loop {
-            match read_frame(&mut reader, &mut buffer, MAX_FRAME_BYTES).await {
+            match read_frame_keeping_ends(&mut reader, &mut buffer, &mut tail, MAX_FRAME_BYTES)
+                .await
+            {
                 Ok(Frame::Eof) | Err(_) => break,
                 Ok(Frame::TooLarge) => {
-                    let message = JsonRpcMessage::Error(JsonRpcError::new(
-                        None,
-                        ErrorData::invalid_request(
-                            format!("message larger than {MAX_FRAME_BYTES} bytes, discarded"),
-                            None,
-                        ),
-                    ));
+                    let message = frame_too_large(&buffer, &tail);
                     if errors.send(message).await.is_err() {
                         break;
                     }
@@ -324,6 +399,27 @@ mod tests {
             read_frame(&mut reader, &mut buffer, 10).await,
             Ok(Frame::Eof)
         ));
+    }
+
+    #[test]
+    fn oversized_frames_are_answered_by_id() {
+        let head = br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"write","arguments":{"content":"aaaa"#;
+        let json = serde_json::to_value(frame_too_large(head, b"aaaa\"}}}")).expect("json");
+        assert_eq!(json["id"], 42);
+        assert_eq!(
+            json["result"]["structuredContent"]["error"]["code"],
+            "too_large"
+        );
+        let head = br#"{"method":"ping","params":{"x":"aaa"#;
+        let json = serde_json::to_value(frame_too_large(
+            head,
+            br#"aaa"},"jsonrpc":"2.0","id":"abc"}"#,
+        ))
+        .expect("json");
+        assert_eq!(json["id"], "abc");
+        assert_eq!(json["error"]["code"], -32600);
+        let json = serde_json::to_value(frame_too_large(b"garbage", b"")).expect("json");
+        assert!(json.get("id").is_none());
     }
 
     #[test]

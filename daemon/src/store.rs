@@ -47,8 +47,9 @@ pub struct WorkspaceState {
     /// Held while the index of this workspace is being changed (catch-up, writes), so
     /// that a scanner never mistakes a write in progress for an outside edit.
     pub index_lock: Mutex<()>,
-    /// Serializes changes to the workspace's files and git repository in this process.
-    pub write_lock: Mutex<()>,
+    /// Serializes changes to the workspace's files and git repository (in-process
+    /// condvar + fcntl on `.lock`).
+    pub lock: crate::write::WorkspaceLock,
     /// Set once the index has caught up with the disk since the daemon started.
     pub caught_up: std::sync::atomic::AtomicBool,
 }

@@ -51,9 +51,10 @@ async fn mcp_session_through_the_shim() -> anyhow::Result<()> {
     }
     for tool in &tools {
         assert!(tool.input_schema["properties"].get("workspace").is_some());
+        let read_only = !matches!(tool.name.as_ref(), "write" | "delete");
         assert_eq!(
             tool.annotations.as_ref().and_then(|a| a.read_only_hint),
-            Some(true)
+            Some(read_only)
         );
     }
 
@@ -456,13 +457,14 @@ fn malformed_oversized_and_unknown_frames_get_errors() {
     big.extend(std::iter::repeat_n(b'a', 17 * 1024 * 1024));
     big.extend_from_slice(br#""}}}"#);
     shim.send_raw(&big);
-    let too_large = shim.recv().expect("too large");
+    let too_large = shim.recv_id(&json!(77)).expect("too large").0;
     assert_eq!(
-        too_large["error"]["code"],
-        -32600,
+        too_large["result"]["structuredContent"]["error"]["code"],
+        "too_large",
         "{}",
         too_large.to_string().chars().take(300).collect::<String>()
     );
+    assert_eq!(too_large["result"]["isError"], true);
 
     let unknown = shim.request(9, "nope/nothing", json!({}));
     assert_eq!(unknown["error"]["code"], -32601, "{unknown}");

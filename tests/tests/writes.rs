@@ -1,0 +1,652 @@
+//! End-to-end tests of the write path: concurrency, optimistic concurrency, the
+//! workspace lock, crash recovery at every fault point, citations, protected paths,
+//! outside edits.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use alexandria_tests::{Env, call, error_code, make_pdf, text_of, wait_until};
+use serde_json::{Value, json};
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let output = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .expect("git");
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn commit_count(env: &Env, workspace: &str) -> usize {
+    git(
+        &env.workspace_dir(workspace),
+        &["rev-list", "--count", "HEAD"],
+    )
+    .trim()
+    .parse()
+    .expect("count")
+}
+
+/// A workspace `lab` with a 3-page PDF and a note to cite.
+fn lab_env(env: Env) -> Env {
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    env.ingest(
+        "lab",
+        &[
+            ("paper.pdf", &make_pdf(&["one", "two", "three"])),
+            ("notes.md", b"# Notes\n"),
+        ],
+    );
+    env
+}
+
+fn history_entries(result: &Value) -> Vec<Value> {
+    result["structuredContent"]["entries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_sessions_fifty_creates_each() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let before = commit_count(&env, "lab");
+    let mut tasks = Vec::new();
+    for writer in 0..8 {
+        let client = env.client(Some("lab")).await?;
+        tasks.push(tokio::spawn(async move {
+            for n in 0..50 {
+                let content = format!(
+                    "# Page {writer}-{n}\n\nUnique marker w{writer}n{n}marker. Source[^1].\n\n[^1]: raw/paper.pdf, p.2\n"
+                );
+                let result = call(
+                    &client,
+                    "write",
+                    json!({"command": "create", "path": format!("wiki/w{writer}/p{n}.md"), "content": content}),
+                )
+                .await?;
+                anyhow::ensure!(error_code(&result).is_none(), "write failed: {result}");
+            }
+            client.cancel().await?;
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let root = env.workspace_dir("lab");
+    let pages = walk_count(&root.join("wiki"), "p");
+    assert_eq!(pages, 400);
+    let commits = commit_count(&env, "lab") - before;
+    assert!((1..=400).contains(&commits), "{commits} commits");
+    git(&root, &["fsck", "--strict"]);
+    assert!(git(&root, &["status", "--porcelain"]).trim().is_empty());
+    let client = env.client(Some("lab")).await?;
+    let history = call(&client, "history", json!({"op": "create", "limit": 500})).await?;
+    assert_eq!(history_entries(&history).len(), 400);
+    for (writer, n) in [(0, 0), (3, 17), (7, 49)] {
+        let hits = call(
+            &client,
+            "search",
+            json!({"query": format!("w{writer}n{n}marker")}),
+        )
+        .await?;
+        let found = hits["structuredContent"]["hits"].as_array().expect("hits");
+        assert_eq!(found.len(), 1, "w{writer}n{n}");
+        assert_eq!(found[0]["path"], format!("wiki/w{writer}/p{n}.md"));
+    }
+    let listed = call(
+        &client,
+        "search",
+        json!({"mode": "list", "path": "wiki/w*/*.md", "limit": 1000}),
+    )
+    .await?;
+    assert_eq!(listed["structuredContent"]["total"], 400);
+    client.cancel().await?;
+    Ok(())
+}
+
+fn walk_count(dir: &Path, prefix: &str) -> usize {
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).expect("dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            count += walk_count(&path, prefix);
+        } else if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(prefix))
+        {
+            count += 1;
+        }
+    }
+    count
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_to_one_page_all_land_once() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let client = env.client(Some("lab")).await?;
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/log-of-birds.md", "content": "# Birds\n"}),
+    )
+    .await?;
+    assert!(error_code(&created).is_none(), "{created}");
+    let mut tasks = Vec::new();
+    for writer in 0..8 {
+        let client = env.client(Some("lab")).await?;
+        tasks.push(tokio::spawn(async move {
+            for n in 0..15 {
+                let result = call(
+                    &client,
+                    "write",
+                    json!({"command": "append", "path": "wiki/log-of-birds.md", "content": format!("- sighting s{writer}x{n}end")}),
+                )
+                .await?;
+                anyhow::ensure!(error_code(&result).is_none(), "append failed: {result}");
+            }
+            client.cancel().await?;
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let text = std::fs::read_to_string(env.workspace_dir("lab").join("wiki/log-of-birds.md"))?;
+    for writer in 0..8 {
+        for n in 0..15 {
+            let marker = format!("s{writer}x{n}end");
+            assert_eq!(text.matches(&marker).count(), 1, "{marker}");
+        }
+    }
+    assert_eq!(text.lines().count(), 1 + 8 * 15);
+    let read = call(&client, "read", json!({"path": "wiki/log-of-birds.md"})).await?;
+    let rev = read["structuredContent"]["rev"].as_str().expect("rev");
+    assert_eq!(
+        rev,
+        git(
+            &env.workspace_dir("lab"),
+            &["rev-parse", "HEAD:wiki/log-of-birds.md"]
+        )
+        .trim()
+    );
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn str_replace_with_base_rev_one_wins_one_is_stale() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let a = env.client(Some("lab")).await?;
+    let b = env.client(Some("lab")).await?;
+    let created = call(&a, "write", json!({"command": "create", "path": "wiki/plan.md", "content": "# Plan\n\nStatus: draft\n"})).await?;
+    let rev = created["structuredContent"]["rev"]
+        .as_str()
+        .expect("rev")
+        .to_string();
+    let read = call(&b, "read", json!({"path": "wiki/plan.md"})).await?;
+    assert_eq!(read["structuredContent"]["rev"], rev.as_str());
+    let (ra, rb) = tokio::join!(
+        call(
+            &a,
+            "write",
+            json!({"command": "str_replace", "path": "wiki/plan.md", "old_str": "Status: draft", "new_str": "Status: approved", "base_rev": rev})
+        ),
+        call(
+            &b,
+            "write",
+            json!({"command": "str_replace", "path": "wiki/plan.md", "old_str": "Status: draft", "new_str": "Status: rejected", "base_rev": rev})
+        ),
+    );
+    let (ra, rb) = (ra?, rb?);
+    let codes = [error_code(&ra), error_code(&rb)];
+    assert!(
+        codes.contains(&None) && codes.contains(&Some("stale_plan")),
+        "{ra}\n{rb}"
+    );
+    let stale = if error_code(&ra).is_some() { &ra } else { &rb };
+    assert!(
+        stale["structuredContent"]["error"]["current_rev"]
+            .as_str()
+            .is_some()
+    );
+    // Without base_rev, the second writer's old_str is gone: no_match.
+    let again = call(&b, "write", json!({"command": "str_replace", "path": "wiki/plan.md", "old_str": "Status: draft", "new_str": "x"})).await?;
+    assert_eq!(error_code(&again), Some("no_match"));
+    a.cancel().await?;
+    b.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lock_held_by_another_process_gives_workspace_busy() -> anyhow::Result<()> {
+    let env = Env::new();
+    std::fs::create_dir_all(&env.home)?;
+    std::fs::write(
+        env.home.join("config.toml"),
+        "[write]\nlock_timeout_secs = 0.5\n",
+    )?;
+    let env = lab_env(env);
+    let lock_path = env.workspace_dir("lab").join(".lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&lock_path)?;
+    rustix::fs::fcntl_lock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+    // Write through the same descriptor: closing any descriptor of the file would drop
+    // this process's fcntl lock.
+    std::io::Write::write_all(&mut &file, b"run-held-by-test")?;
+    let client = env.client(Some("lab")).await?;
+    let started = std::time::Instant::now();
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/x.md", "content": "# X\n"}),
+    )
+    .await?;
+    assert_eq!(error_code(&result), Some("workspace_busy"), "{result}");
+    assert_eq!(
+        result["structuredContent"]["error"]["holder_run_id"],
+        "run-held-by-test"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(450));
+    assert!(!env.workspace_dir("lab").join("wiki/x.md").exists());
+    assert_eq!(
+        std::fs::read_dir(env.workspace_dir("lab").join("runs"))?.count(),
+        0
+    );
+    rustix::fs::fcntl_lock(&file, rustix::fs::FlockOperation::Unlock)?;
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/x.md", "content": "# X\n"}),
+    )
+    .await?;
+    assert!(error_code(&result).is_none(), "{result}");
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn citations_protected_paths_and_commands() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let client = env.client(Some("lab")).await?;
+    let write = |args: Value| call(&client, "write", args);
+    let bad = write(json!({"command": "create", "path": "wiki/c.md",
+        "content": "# C\n\nA[^1] B[^2] C[^3] [n](raw/missing.md) [ok](raw/notes.md)\n\n[^1]: raw/paper.pdf, p.4\n[^2]: raw/nope.pdf, p.1\n[^3]: raw/notes.md, p.2\n"})).await?;
+    assert_eq!(error_code(&bad), Some("citation_invalid"));
+    let listed = bad["structuredContent"]["error"]["citations"]
+        .as_array()
+        .expect("citations");
+    let targets: Vec<&str> = listed
+        .iter()
+        .filter_map(|c| c["citation"].as_str())
+        .collect();
+    assert_eq!(
+        targets,
+        vec![
+            "raw/paper.pdf",
+            "raw/nope.pdf",
+            "raw/notes.md",
+            "raw/missing.md"
+        ]
+    );
+    assert!(!env.workspace_dir("lab").join("wiki/c.md").exists());
+    let good = write(json!({"command": "create", "path": "wiki/c.md",
+        "content": "# C\n\nA[^1] [ok](raw/notes.md)\n\n[^1]: raw/paper.pdf, p.2-3\n"}))
+    .await?;
+    assert!(error_code(&good).is_none(), "{good}");
+    // The uncited list shrinks.
+    let guide = call(&client, "guide", json!({})).await?;
+    assert_eq!(guide["structuredContent"]["uncited_sources"], json!([]));
+
+    let cases = [
+        (
+            json!({"command": "create", "path": "raw/new.md", "content": "x"}),
+            "raw_readonly",
+        ),
+        (
+            json!({"command": "append", "path": "raw/notes.md", "content": "x"}),
+            "raw_readonly",
+        ),
+        (
+            json!({"command": "create", "path": "wiki/c.md", "content": "x"}),
+            "invalid_argument",
+        ),
+        (
+            json!({"command": "create", "path": "wiki/x.txt", "content": "x"}),
+            "invalid_argument",
+        ),
+        (
+            json!({"command": "create", "path": "../x.md", "content": "x"}),
+            "invalid_path",
+        ),
+        (
+            json!({"command": "create", "path": "wiki/../../x.md", "content": "x"}),
+            "invalid_path",
+        ),
+        (
+            json!({"command": "append", "path": "wiki/missing.md", "content": "x"}),
+            "not_found",
+        ),
+        (
+            json!({"command": "str_replace", "path": "wiki/c.md", "old_str": "nothing like this", "new_str": "y"}),
+            "no_match",
+        ),
+        (
+            json!({"command": "append", "path": "wiki/c.md"}),
+            "invalid_argument",
+        ),
+        (
+            json!({"command": "rewrite", "path": "wiki/c.md", "content": "x"}),
+            "invalid_argument",
+        ),
+    ];
+    for (args, code) in cases {
+        let result = write(args.clone()).await?;
+        assert_eq!(error_code(&result), Some(code), "{args}: {result}");
+    }
+    write(json!({"command": "append", "path": "wiki/c.md", "content": "twin\ntwin\n"})).await?;
+    let ambiguous = write(
+        json!({"command": "str_replace", "path": "wiki/c.md", "old_str": "twin", "new_str": "one"}),
+    )
+    .await?;
+    assert_eq!(error_code(&ambiguous), Some("ambiguous_match"));
+
+    for path in [
+        "wiki/index.md",
+        "wiki/log.md",
+        "wiki/SCHEMA.md",
+        "raw/notes.md",
+    ] {
+        let result = call(&client, "delete", json!({"path": path})).await?;
+        assert_eq!(error_code(&result), Some("protected_path"), "{path}");
+    }
+    let deleted = call(&client, "delete", json!({"path": "wiki/c.md"})).await?;
+    assert!(error_code(&deleted).is_none(), "{deleted}");
+    let trash = deleted["structuredContent"]["trash_path"]
+        .as_str()
+        .expect("trash");
+    assert!(env.workspace_dir("lab").join(trash).is_file());
+    assert!(!env.workspace_dir("lab").join("wiki/c.md").exists());
+    let gone = call(&client, "read", json!({"path": "wiki/c.md"})).await?;
+    assert_eq!(error_code(&gone), Some("not_found"));
+    let again = call(&client, "delete", json!({"path": "wiki/c.md"})).await?;
+    assert_eq!(error_code(&again), Some("not_found"));
+    let history = call(&client, "history", json!({"path": "wiki/c.md"})).await?;
+    let ops: Vec<String> = history_entries(&history)
+        .iter()
+        .filter_map(|e| e["op"].as_str().map(String::from))
+        .collect();
+    assert_eq!(ops, vec!["delete", "append", "create"]);
+    let by_run = call(
+        &client,
+        "history",
+        json!({"run_id": deleted["structuredContent"]["run_id"]}),
+    )
+    .await?;
+    assert_eq!(history_entries(&by_run).len(), 1);
+    let recent = call(&client, "history", json!({"since": "1h", "limit": 1})).await?;
+    assert_eq!(history_entries(&recent).len(), 1);
+    assert!(
+        recent["structuredContent"]["next_cursor"]
+            .as_str()
+            .is_some()
+    );
+    let bad_time = call(&client, "history", json!({"since": "last tuesday"})).await?;
+    assert_eq!(error_code(&bad_time), Some("invalid_argument"));
+    git(&env.workspace_dir("lab"), &["fsck"]);
+    assert!(
+        git(&env.workspace_dir("lab"), &["status", "--porcelain"])
+            .trim()
+            .is_empty()
+    );
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_edits_are_picked_up_and_make_plans_stale() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let client = env.client(Some("lab")).await?;
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/o.md", "content": "# O\n\nfirst\n"}),
+    )
+    .await?;
+    let rev = created["structuredContent"]["rev"]
+        .as_str()
+        .expect("rev")
+        .to_string();
+    std::fs::write(
+        env.workspace_dir("lab").join("wiki/o.md"),
+        "# O\n\nedited in vim: quetzalcoatl\n",
+    )?;
+    let mut hit = false;
+    for _ in 0..40 {
+        let result = call(&client, "search", json!({"query": "quetzalcoatl"})).await?;
+        if result["structuredContent"]["hits"]
+            .as_array()
+            .is_some_and(|h| h.len() == 1)
+        {
+            hit = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(hit, "the outside edit was not indexed within 4 s");
+    let history = call(&client, "history", json!({"op": "outside_edit"})).await?;
+    assert_eq!(history_entries(&history)[0]["path"], "wiki/o.md");
+    let stale = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": "wiki/o.md", "content": "x", "base_rev": rev}),
+    )
+    .await?;
+    assert_eq!(error_code(&stale), Some("stale_plan"));
+    client.cancel().await?;
+    Ok(())
+}
+
+/// Crash the daemon at `point` during a create, restart it, and check that files, git,
+/// the index and history agree. Returns whether the write survived.
+async fn crash_at(point: &str) -> anyhow::Result<bool> {
+    let env = lab_env(Env::new());
+    // Same home; the shim (and so the daemon it starts) runs with the fault.
+    let crashing = Env {
+        dir: alexandria_tests::short_tempdir(),
+        home: env.home.clone(),
+        faults: Some(format!("crash:{point}")),
+    };
+    env.ok(&["daemon", "stop"]);
+    let client = crashing.client(Some("lab")).await?;
+    let result = call(&client, "write", json!({"command": "create", "path": "wiki/crash.md", "content": "# Crash\n\nmarker zanzibarite\n"})).await;
+    assert!(
+        result.is_err(),
+        "{point}: the write must not be acknowledged: {result:?}"
+    );
+    drop(client);
+    assert!(wait_until(Duration::from_secs(10), || {
+        crashing
+            .daemon_pid()
+            .is_none_or(|p| !alexandria_tests::process_alive(p))
+    }));
+    // Restart without faults: recovery runs before serving.
+    let client = env.client(Some("lab")).await?;
+    let root = env.workspace_dir("lab");
+    let exists = root.join("wiki/crash.md").exists();
+    let in_git = Command::new("git")
+        .args(["cat-file", "-e", "HEAD:wiki/crash.md"])
+        .current_dir(&root)
+        .status()?
+        .success();
+    let hits = call(&client, "search", json!({"query": "zanzibarite"})).await?;
+    let indexed = hits["structuredContent"]["hits"]
+        .as_array()
+        .map_or(0, Vec::len);
+    let history = call(&client, "history", json!({"path": "wiki/crash.md"})).await?;
+    let logged = history_entries(&history).len();
+    assert_eq!(
+        (in_git, indexed, logged),
+        (exists, usize::from(exists), usize::from(exists)),
+        "{point}"
+    );
+    assert!(
+        git(&root, &["status", "--porcelain"]).trim().is_empty(),
+        "{point}: dirty tree"
+    );
+    git(&root, &["fsck"]);
+    assert_eq!(
+        std::fs::read_dir(root.join("runs"))?.count(),
+        0,
+        "{point}: runs left"
+    );
+    // The workspace still takes writes.
+    let after = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/after.md", "content": "# After\n"}),
+    )
+    .await?;
+    assert!(error_code(&after).is_none(), "{point}: {after}");
+    client.cancel().await?;
+    drop(crashing);
+    Ok(exists)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_at_every_fault_point_keeps_state_consistent() -> anyhow::Result<()> {
+    let mut outcomes = HashMap::new();
+    for point in [
+        "after_stage",
+        "after_lock",
+        "after_prepare",
+        "after_move",
+        "after_commit",
+        "after_index",
+    ] {
+        outcomes.insert(point, crash_at(point).await?);
+    }
+    // Before the run is prepared it is dropped; from prepared on it is completed.
+    assert_eq!(outcomes["after_stage"], false);
+    assert_eq!(outcomes["after_lock"], false);
+    for point in ["after_prepare", "after_move", "after_commit", "after_index"] {
+        assert!(outcomes[point], "{point}: a prepared run must be completed");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
+    let rounds: usize = std::env::var("ALEXANDRIA_KILL_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    let env = lab_env(Env::new());
+    let mut acknowledged: Vec<(String, String)> = Vec::new();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..rounds {
+        let client = env.client(Some("lab")).await?;
+        let writer = tokio::spawn(async move {
+            let mut done = Vec::new();
+            for n in 0..1000 {
+                let path = format!("wiki/k{round}/p{n}.md");
+                let content = format!("# K {round} {n}\n\nkill{round}x{n}mark\n");
+                match call(
+                    &client,
+                    "write",
+                    json!({"command": "create", "path": path, "content": content}),
+                )
+                .await
+                {
+                    Ok(result) if error_code(&result).is_none() => {
+                        done.push((
+                            path,
+                            result["structuredContent"]["rev"]
+                                .as_str()
+                                .unwrap_or("")
+                                .to_string(),
+                        ));
+                    }
+                    _ => break,
+                }
+            }
+            done
+        });
+        tokio::time::sleep(Duration::from_millis(30 + next() % 150)).await;
+        env.kill_daemon();
+        acknowledged.extend(writer.await?);
+    }
+    let client = env.client(Some("lab")).await?;
+    let root = env.workspace_dir("lab");
+    let mut lost = 0;
+    for (path, rev) in &acknowledged {
+        let on_disk = std::fs::read(root.join(path)).ok();
+        let in_git = git_rev(&root, path);
+        if on_disk.is_none() || in_git.as_deref() != Some(rev.as_str()) {
+            lost += 1;
+        }
+    }
+    let history = call(
+        &client,
+        "history",
+        json!({"op": "create", "limit": 500, "path": "wiki/k*/**"}),
+    )
+    .await?;
+    let logged: std::collections::HashSet<String> = history_entries(&history)
+        .iter()
+        .filter_map(|e| e["path"].as_str().map(String::from))
+        .collect();
+    for (path, _) in &acknowledged {
+        assert!(logged.contains(path), "{path} missing from history");
+    }
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of {} acknowledged writes lost",
+        acknowledged.len()
+    );
+    assert!(git(&root, &["status", "--porcelain"]).trim().is_empty());
+    git(&root, &["fsck"]);
+    eprintln!(
+        "kill loop: {rounds} kills, {} acknowledged writes checked, {lost} lost",
+        acknowledged.len()
+    );
+    assert!(!acknowledged.is_empty());
+    let _ = text_of(&history);
+    client.cancel().await?;
+    Ok(())
+}
+
+fn git_rev(root: &Path, path: &str) -> Option<String> {
+    let output = Command::new("git")
+        .args(["rev-parse", &format!("HEAD:{path}")])
+        .current_dir(root)
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
