@@ -56,6 +56,9 @@ pub fn delay_for(tool: &str) -> Option<Duration> {
 pub fn crash_point(point: &str) {
     if faults().crashes.iter().any(|p| p == point) {
         tracing::error!(point, "injected crash");
+        // SIGKILL, like `kill -9`: no unwinding, no destructors, no core dump.
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
         std::process::abort();
     }
 }

@@ -748,8 +748,7 @@ fn complete(store: &Store, manifest: &Manifest) -> ToolResult<String> {
     crash_point("after_move");
 
     // 2. The commit.
-    let commit =
-        commit_run(store, manifest).map_err(|e| ToolError::internal("committing to git", e))?;
+    let commit = commit_run(store, manifest).map_err(git_error)?;
     crash_point("after_commit");
 
     // 3. State and index, in one transaction.
@@ -788,6 +787,20 @@ fn complete(store: &Store, manifest: &Manifest) -> ToolResult<String> {
     crash_point("after_index");
     let _ = fs::remove_dir_all(&dir);
     Ok(commit)
+}
+
+fn git_error(error: git2::Error) -> ToolError {
+    if error.code() == git2::ErrorCode::Locked {
+        return ToolError::new(
+            ErrorCode::WorkspaceBusy,
+            format!(
+                "the workspace's git repository is locked by another git process: {}",
+                error.message()
+            ),
+            "wait for that git command to finish and retry; if none is running, remove .git/index.lock in the workspace",
+        );
+    }
+    ToolError::internal("committing to git", error)
 }
 
 /// One git commit for the run, unless HEAD already has it. Returns the commit id.

@@ -59,7 +59,7 @@ impl Connector {
             kind,
         };
         let mut last_error = None;
-        for _attempt in 0..3 {
+        for _attempt in 0..5 {
             let stream = match UnixStream::connect(self.home.socket()) {
                 Ok(stream) => stream,
                 Err(e) if is_absent(&e) => {
@@ -77,6 +77,12 @@ impl Connector {
                 Ok(Greeting::Replaced { pid }) => {
                     wait_until_gone(&self.home.socket(), pid);
                     last_error = Some(anyhow!("daemon {pid} was stepping down"));
+                }
+                // The daemon died while we greeted it (killed, crashed, stopping):
+                // connect again, which starts a new one if needed.
+                Err(e) if is_connection_loss(&e) => {
+                    thread::sleep(Duration::from_millis(20));
+                    last_error = Some(e);
                 }
                 Err(e) => return Err(e),
             }
@@ -212,9 +218,13 @@ fn greet(mut stream: UnixStream, hello: &Hello) -> Result<Greeting> {
     read_half.set_read_timeout(Some(HELLO_TIMEOUT))?;
     let mut reader = BufReader::new(read_half);
     let mut line = String::new();
-    reader
+    let n = reader
         .read_line(&mut line)
         .context("the daemon did not answer the handshake")?;
+    if n == 0 {
+        return Err(io::Error::from(ErrorKind::UnexpectedEof))
+            .context("the daemon closed the connection during the handshake");
+    }
     reader.get_ref().set_read_timeout(None)?;
     let reply: HelloReply = serde_json::from_str(line.trim())
         .with_context(|| format!("unexpected handshake reply {line:?}"))?;
@@ -240,6 +250,21 @@ fn greet(mut stream: UnixStream, hello: &Hello) -> Result<Greeting> {
             hint,
         } => bail!("{code}: {message}; {hint}"),
     }
+}
+
+/// A handshake that failed because the connection dropped, not because of an answer.
+fn is_connection_loss(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<io::Error>().is_some_and(|e| {
+            matches!(
+                e.kind(),
+                ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof
+            )
+        })
+    })
 }
 
 fn is_absent(error: &io::Error) -> bool {

@@ -543,8 +543,8 @@ async fn crash_at_every_fault_point_keeps_state_consistent() -> anyhow::Result<(
         outcomes.insert(point, crash_at(point).await?);
     }
     // Before the run is prepared it is dropped; from prepared on it is completed.
-    assert_eq!(outcomes["after_stage"], false);
-    assert_eq!(outcomes["after_lock"], false);
+    assert!(!outcomes["after_stage"]);
+    assert!(!outcomes["after_lock"]);
     for point in ["after_prepare", "after_move", "after_commit", "after_index"] {
         assert!(outcomes[point], "{point}: a prepared run must be completed");
     }
@@ -649,4 +649,181 @@ fn git_rev(root: &Path, path: &str) -> Option<String> {
         .status
         .success()
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+#[tokio::test]
+async fn a_locked_git_index_is_reported_and_nothing_is_half_applied() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let client = env.client(Some("lab")).await?;
+    let root = env.workspace_dir("lab");
+    std::fs::write(root.join(".git/index.lock"), "")?;
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/g.md", "content": "# G\n"}),
+    )
+    .await?;
+    assert_eq!(error_code(&result), Some("workspace_busy"), "{result}");
+    assert!(text_of(&result).contains("index.lock"));
+    assert!(!root.join("wiki/g.md").exists());
+    std::fs::remove_file(root.join(".git/index.lock"))?;
+    assert!(git(&root, &["status", "--porcelain"]).trim().is_empty());
+    let history = call(&client, "history", json!({"path": "wiki/g.md"})).await?;
+    assert!(history_entries(&history).is_empty());
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/g.md", "content": "# G\n"}),
+    )
+    .await?;
+    assert!(error_code(&result).is_none(), "{result}");
+    client.cancel().await?;
+    Ok(())
+}
+
+/// A tmpfs mounted for one test; unmounted on drop.
+struct Mount(std::path::PathBuf);
+
+impl Mount {
+    fn tmpfs(path: &Path, size: &str) -> Option<Mount> {
+        std::fs::create_dir_all(path).ok()?;
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .status()
+            .ok()?;
+        status.success().then(|| Mount(path.to_path_buf()))
+    }
+
+    fn remount(&self, option: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,{option}")])
+            .arg(&self.0)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "remount {option}");
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[tokio::test]
+async fn disk_full_and_read_only_file_system() -> anyhow::Result<()> {
+    // The workspace lives on its own small tmpfs; state.db stays on the big disk.
+    let env = Env::new();
+    env.ok(&["init"]);
+    let root = env.workspace_dir("lab");
+    let Some(mount) = Mount::tmpfs(&root, "16m") else {
+        // Mounting needs root (CI runs as root); elsewhere this cannot be tested.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must be able to mount a tmpfs"
+        );
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return Ok(());
+    };
+    env.ok(&["workspace", "create", "lab"]);
+    let client = env.client(Some("lab")).await?;
+    let before = git(&root, &["rev-parse", "HEAD"]);
+
+    // Fill the disk.
+    let filler = root.join("raw/filler.bin");
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&filler)?;
+        let block = vec![b'x'; 64 * 1024];
+        while file.write_all(&block).is_ok() {}
+    }
+    let content = format!("# Full\n\n{}\n", "words ".repeat(20_000));
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/full.md", "content": content}),
+    )
+    .await?;
+    assert!(
+        error_code(&result).is_some(),
+        "a write on a full disk must fail: {result}"
+    );
+    assert!(text_of(&result).contains("disk is full"), "{result}");
+    assert!(!root.join("wiki/full.md").exists());
+    assert_eq!(git(&root, &["rev-parse", "HEAD"]), before);
+    let guide = call(&client, "guide", json!({})).await?;
+    assert!(error_code(&guide).is_none(), "reads go on: {guide}");
+    std::fs::remove_file(&filler)?;
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/full.md", "content": content}),
+    )
+    .await?;
+    assert!(error_code(&result).is_none(), "{result}");
+
+    // Read-only file system.
+    mount.remount("ro");
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": "wiki/full.md", "content": "more"}),
+    )
+    .await?;
+    assert!(error_code(&result).is_some(), "{result}");
+    assert!(text_of(&result).contains("read-only"), "{result}");
+    let read = call(
+        &client,
+        "read",
+        json!({"path": "wiki/full.md", "max_chars": 200}),
+    )
+    .await?;
+    assert!(error_code(&read).is_none(), "{read}");
+    mount.remount("rw");
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": "wiki/full.md", "content": "more"}),
+    )
+    .await?;
+    assert!(error_code(&result).is_none(), "{result}");
+    assert!(git(&root, &["status", "--porcelain"]).trim().is_empty());
+    client.cancel().await?;
+    drop(env);
+    drop(mount);
+    Ok(())
+}
+
+#[test]
+fn a_fifty_megabyte_page_is_refused_as_too_large() {
+    let env = lab_env(Env::new());
+    let mut shim = env.raw_shim(Some("lab"));
+    shim.initialize("2025-06-18");
+    let content = "a".repeat(50 * 1024 * 1024);
+    let reply = shim.request(
+        5,
+        "tools/call",
+        json!({"name": "write", "arguments": {"command": "create", "path": "wiki/huge.md", "content": content}}),
+    );
+    assert_eq!(
+        reply["result"]["structuredContent"]["error"]["code"],
+        "too_large",
+        "{}",
+        reply.to_string().chars().take(300).collect::<String>()
+    );
+    assert!(!env.workspace_dir("lab").join("wiki/huge.md").exists());
+    // A page just over the per-page limit but under the frame limit: too_large too.
+    let content = "b".repeat(9 * 1024 * 1024);
+    let reply = shim.request(
+        6,
+        "tools/call",
+        json!({"name": "write", "arguments": {"command": "create", "path": "wiki/big.md", "content": content}}),
+    );
+    assert_eq!(
+        reply["result"]["structuredContent"]["error"]["code"],
+        "too_large"
+    );
+    let ok = shim.request(7, "tools/call", json!({"name": "guide", "arguments": {}}));
+    assert_eq!(ok["result"]["isError"], false);
 }
