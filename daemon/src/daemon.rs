@@ -109,7 +109,18 @@ async fn start(options: &DaemonOptions) -> Result<(UnixListener, Arc<DaemonConte
     let home = options.home.clone();
     crate::store::ensure_layout(&home)
         .with_context(|| format!("cannot create the home {}", home.root().display()))?;
-    let pid_lock = lock_pidfile(&home)?;
+    let pid_lock = match lock_pidfile(&home) {
+        Ok(lock) => lock,
+        // Run in the foreground (by a service manager or by hand) while a daemon that a
+        // shim started is running: take over, so the managed daemon is the one that
+        // serves. Shims reconnect to it by themselves.
+        Err(error) if !options.spawned => {
+            tracing::info!("another daemon runs: asking it to step down ({error:#})");
+            ask_running_daemon_to_stop(&home);
+            lock_pidfile(&home)?
+        }
+        Err(error) => return Err(error),
+    };
     let store = tokio::task::spawn_blocking({
         let home = home.clone();
         move || Store::open(home)
@@ -175,6 +186,41 @@ fn lock_pidfile(home: &Home) -> Result<File> {
     writeln!(file, "{} {}", std::process::id(), BUILD)?;
     file.sync_all()?;
     Ok(file)
+}
+
+/// Send `Stop` to the daemon on our socket and wait (≤ 10 s) until its pidfile lock
+/// is free.
+fn ask_running_daemon_to_stop(home: &Home) {
+    use std::io::BufRead;
+    let hello = alexandria_proto::Hello {
+        protocol: PROTOCOL_VERSION,
+        build: BUILD.into(),
+        kind: alexandria_proto::ConnectionKind::Control,
+    };
+    if let Ok(mut stream) = std::os::unix::net::UnixStream::connect(home.socket()) {
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = stream.write_all(&alexandria_proto::to_line(&hello));
+        let _ = stream.write_all(&alexandria_proto::to_line(
+            &alexandria_proto::ControlRequest::Stop,
+        ));
+        let mut reader = std::io::BufReader::new(stream);
+        let mut line = String::new();
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+            line.clear();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let free = File::options()
+            .read(true)
+            .open(home.pid_file())
+            .map(|file| file.try_lock().is_ok())
+            .unwrap_or(true);
+        if free {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Print the startup notice on stdout for whoever spawned us.

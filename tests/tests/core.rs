@@ -630,3 +630,41 @@ fn a_newer_protocol_client_replaces_the_daemon() {
     shim.initialize("2025-06-18");
     assert_ne!(env.daemon_pid(), Some(old));
 }
+
+#[test]
+fn a_foreground_daemon_takes_over_from_a_spawned_one() {
+    use std::io::BufRead;
+    let env = Env::new();
+    let mut shim = env.raw_shim(None);
+    shim.initialize("2025-06-18");
+    let spawned = env.daemon_pid().expect("spawned daemon");
+    // What a service manager runs: alexandriad in the foreground.
+    let mut command = std::process::Command::new(alexandria_tests::bin_path("alexandriad"));
+    alexandria_tests::isolate(&mut command, &env.home);
+    let mut foreground = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("alexandriad");
+    let mut line = String::new();
+    std::io::BufReader::new(foreground.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("startup notice");
+    let notice: Value = serde_json::from_str(&line).expect("json notice");
+    assert_eq!(notice["daemon"], "ready", "{line}");
+    assert!(wait_until(Duration::from_secs(5), || !process_alive(
+        spawned
+    )));
+    assert_eq!(env.daemon_pid(), Some(foreground.id()));
+    // The live session carries on against the new daemon.
+    let tools = shim.request(5, "tools/list", json!({}));
+    assert!(
+        tools["result"]["tools"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "{tools}"
+    );
+    assert_eq!(env.daemon_pid(), Some(foreground.id()));
+    let _ = foreground.kill();
+    let _ = foreground.wait();
+}
