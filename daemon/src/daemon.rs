@@ -17,9 +17,6 @@ use crate::sessions::Sessions;
 use crate::store::Store;
 use crate::{index, socket};
 
-/// How often the index is compared with the disk to pick up outside edits.
-const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
-
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
     pub home: Home,
@@ -261,24 +258,22 @@ async fn wait_for_signal(context: Arc<DaemonContext>) {
     context.shutdown();
 }
 
-/// Catch up with the disk at start, then rescan periodically for outside edits.
+/// Catch up with the disk at start, then watch for outside edits.
 async fn keep_index_current(context: Arc<DaemonContext>) {
-    loop {
-        let store = Arc::clone(&context.store);
-        let scan = tokio::task::spawn_blocking(move || {
-            for slug in store.list_workspaces() {
-                match index::catch_up(&store, &slug) {
-                    Ok(result) if result.indexed + result.removed > 0 => {
-                        tracing::info!(workspace = %slug, ?result, "index caught up");
-                    }
-                    Ok(_) => {}
-                    Err(error) => tracing::warn!(workspace = %slug, %error, "catch-up failed"),
+    let store = Arc::clone(&context.store);
+    let scan = tokio::task::spawn_blocking(move || {
+        for slug in store.list_workspaces() {
+            match index::catch_up(&store, &slug) {
+                Ok(result) if result.indexed + result.removed > 0 => {
+                    tracing::info!(workspace = %slug, ?result, "index caught up");
                 }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(workspace = %slug, %error, "catch-up failed"),
             }
-        });
-        if let Err(error) = scan.await {
-            tracing::error!(%error, "the index scan panicked");
         }
-        tokio::time::sleep(RESCAN_INTERVAL).await;
+        crate::watch::spawn(store);
+    });
+    if let Err(error) = scan.await {
+        tracing::error!(%error, "the start-up scan panicked");
     }
 }

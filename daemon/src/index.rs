@@ -291,6 +291,47 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
     Ok(result)
 }
 
+/// Re-index the given workspace-relative paths (from file notifications): changed
+/// files are indexed, vanished ones forgotten, wiki changes logged as outside edits.
+pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> ToolResult<()> {
+    let state = store.state(workspace);
+    let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut connection = store.pool.get()?;
+    let transaction = connection.transaction()?;
+    let root = store.workspace_dir(workspace);
+    for relative in relatives {
+        let absolute = root.join(relative);
+        let known = lookup(&transaction, workspace, relative)?;
+        match std::fs::symlink_metadata(&absolute) {
+            Ok(metadata) if metadata.is_file() => {
+                if known.as_ref().map(|r| (r.size, r.mtime_ns)) == Some(stat_key(&metadata)) {
+                    continue;
+                }
+                index_file(&transaction, workspace, relative, &absolute)?;
+                if relative.starts_with("wiki/") {
+                    let op = if known.is_none() {
+                        "outside_create"
+                    } else {
+                        "outside_edit"
+                    };
+                    record_outside(&transaction, workspace, op, relative)?;
+                }
+            }
+            Ok(_) => {}
+            Err(_) => {
+                if known.is_some() {
+                    remove_file(&transaction, workspace, relative)?;
+                    if relative.starts_with("wiki/") {
+                        record_outside(&transaction, workspace, "outside_delete", relative)?;
+                    }
+                }
+            }
+        }
+    }
+    transaction.commit()?;
+    Ok(())
+}
+
 fn record_outside(
     connection: &Connection,
     workspace: &str,

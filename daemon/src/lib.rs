@@ -18,6 +18,7 @@ pub mod sessions;
 pub mod socket;
 pub mod store;
 pub mod tools;
+pub mod watch;
 pub mod write;
 
 pub use daemon::{DaemonOptions, run};

@@ -52,6 +52,29 @@ pub struct WorkspaceState {
     pub lock: crate::write::WorkspaceLock,
     /// Set once the index has caught up with the disk since the daemon started.
     pub caught_up: std::sync::atomic::AtomicBool,
+    /// The workspace's repository, opened once (opening re-reads git's config files).
+    repo: Mutex<Option<git2::Repository>>,
+}
+
+impl WorkspaceState {
+    /// Run `f` with the workspace's open repository.
+    pub fn with_repo<T>(
+        &self,
+        root: &Path,
+        f: impl FnOnce(&git2::Repository) -> Result<T, git2::Error>,
+    ) -> Result<T, git2::Error> {
+        let mut slot = self.repo.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(git2::Repository::open(root)?);
+        }
+        let repo = slot.as_ref().expect("just opened");
+        let result = f(repo);
+        if result.is_err() {
+            // Start from a fresh handle next time (e.g. after a lock or I/O error).
+            *slot = None;
+        }
+        result
+    }
 }
 
 /// Everything the tools need: the home, the config, the database.

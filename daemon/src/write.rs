@@ -806,7 +806,12 @@ fn git_error(error: git2::Error) -> ToolError {
 /// One git commit for the run, unless HEAD already has it. Returns the commit id.
 fn commit_run(store: &Store, manifest: &Manifest) -> Result<String, git2::Error> {
     let root = store.workspace_dir(&manifest.workspace);
-    let repo = git2::Repository::open(&root)?;
+    store
+        .state(&manifest.workspace)
+        .with_repo(&root, |repo| commit_in(repo, manifest))
+}
+
+fn commit_in(repo: &git2::Repository, manifest: &Manifest) -> Result<String, git2::Error> {
     let head = repo.head()?.peel_to_commit()?;
     let marker = format!("run: {}", manifest.run_id);
     if head.message().is_ok_and(|m| m.contains(&marker)) {

@@ -1,0 +1,206 @@
+//! Picks up files changed behind the daemon's back (an editor, `git pull`, a sync
+//! tool): file-system notifications (inotify / FSEvents via `notify`) trigger a
+//! re-index of just the changed paths, and a full stat rescan runs periodically as a
+//! safety net in case notifications are lost (a known failure mode of watchers).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use notify::{RecursiveMode, Watcher};
+
+use crate::index;
+use crate::store::Store;
+
+/// Full rescan interval while notifications work, and when they do not.
+const SAFETY_RESCAN: Duration = Duration::from_secs(30);
+const FALLBACK_RESCAN: Duration = Duration::from_secs(1);
+/// Events are gathered this long before they are applied (editors write in bursts).
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// Start the watcher thread. It runs for the life of the process.
+pub fn spawn(store: Arc<Store>) {
+    let spawned = std::thread::Builder::new()
+        .name("watch".into())
+        .spawn(move || run(&store));
+    if let Err(error) = spawned {
+        tracing::error!(%error, "cannot start the file watcher");
+    }
+}
+
+fn run(store: &Store) {
+    let (sender, receiver) = mpsc::channel();
+    let mut watcher = match notify::recommended_watcher(sender) {
+        Ok(watcher) => Some(watcher),
+        Err(error) => {
+            tracing::warn!(%error, "no file notifications; rescanning every second instead");
+            None
+        }
+    };
+    let mut watched: HashSet<String> = HashSet::new();
+    let mut last_full = Instant::now();
+    loop {
+        // Watch workspaces created since the last round.
+        let mut rescan_every = SAFETY_RESCAN;
+        for slug in store.list_workspaces() {
+            if watched.contains(&slug) {
+                continue;
+            }
+            let ok = watcher.as_mut().is_some_and(|w| {
+                ["raw", "wiki"].iter().all(|layer| {
+                    w.watch(
+                        &store.workspace_dir(&slug).join(layer),
+                        RecursiveMode::Recursive,
+                    )
+                    .map_err(|error| tracing::warn!(workspace = %slug, %error, "cannot watch"))
+                    .is_ok()
+                })
+            });
+            if ok {
+                tracing::debug!(workspace = %slug, "watching");
+                // Whatever changed before the watch began is caught up now.
+                if let Err(error) = index::catch_up(store, &slug) {
+                    tracing::warn!(workspace = %slug, %error, "catch-up failed");
+                }
+                watched.insert(slug);
+            } else {
+                rescan_every = FALLBACK_RESCAN;
+            }
+        }
+        // Wake at least every second to watch new workspaces.
+        let wait = rescan_every
+            .saturating_sub(last_full.elapsed())
+            .min(Duration::from_secs(1));
+        let first = match receiver.recv_timeout(wait) {
+            Ok(event) => Some(event),
+            Err(RecvTimeoutError::Timeout) if last_full.elapsed() < rescan_every => continue,
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                watcher = None;
+                std::thread::sleep(FALLBACK_RESCAN);
+                None
+            }
+        };
+        let Some(first) = first else {
+            full_rescan(store);
+            last_full = Instant::now();
+            continue;
+        };
+        let mut events = vec![first];
+        let deadline = Instant::now() + DEBOUNCE;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match receiver.recv_timeout(left) {
+                Ok(event) => events.push(event),
+                Err(_) => break,
+            }
+        }
+        apply(store, events);
+    }
+}
+
+fn full_rescan(store: &Store) {
+    for slug in store.list_workspaces() {
+        match index::catch_up(store, &slug) {
+            Ok(result) if result.indexed + result.removed > 0 => {
+                tracing::info!(workspace = %slug, ?result, "rescan found changes");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(workspace = %slug, %error, "rescan failed"),
+        }
+    }
+}
+
+/// Group event paths by workspace and re-index them; anything unclear (a directory,
+/// a lost event) makes that workspace do a full catch-up.
+fn apply(store: &Store, events: Vec<notify::Result<notify::Event>>) {
+    let workspaces_dir = store.home.workspaces_dir();
+    let mut paths: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut full: HashSet<String> = HashSet::new();
+    let mut everything = false;
+    for event in events {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                tracing::warn!(%error, "file notification error; rescanning");
+                everything = true;
+                continue;
+            }
+        };
+        if event.need_rescan() {
+            everything = true;
+        }
+        for path in event.paths {
+            let Some((slug, relative)) = split(&workspaces_dir, &path) else {
+                continue;
+            };
+            if path.is_dir() {
+                full.insert(slug);
+            } else {
+                paths.entry(slug).or_default().insert(relative);
+            }
+        }
+    }
+    if everything {
+        full_rescan(store);
+        return;
+    }
+    for slug in &full {
+        if let Err(error) = index::catch_up(store, slug) {
+            tracing::warn!(workspace = %slug, %error, "catch-up failed");
+        }
+    }
+    for (slug, relatives) in paths {
+        if full.contains(&slug) {
+            continue;
+        }
+        let relatives: Vec<String> = relatives.into_iter().collect();
+        if let Err(error) = index::refresh_paths(store, &slug, &relatives) {
+            tracing::warn!(workspace = %slug, %error, "re-index failed");
+        }
+    }
+}
+
+/// `<workspaces>/<slug>/<raw|wiki>/…` → (slug, `raw/…`); None for anything else,
+/// including hidden files (temporary files of editors and of alexandria itself).
+fn split(workspaces_dir: &Path, path: &Path) -> Option<(String, String)> {
+    let relative = path.strip_prefix(workspaces_dir).ok()?;
+    let mut components = relative.components();
+    let slug = components.next()?.as_os_str().to_str()?.to_string();
+    let rest: PathBuf = components.collect();
+    let rest = rest.to_str()?.to_string();
+    if !(rest.starts_with("raw/") || rest.starts_with("wiki/")) {
+        return None;
+    }
+    if rest
+        .split('/')
+        .any(|c| c.starts_with('.') || c.ends_with('~'))
+    {
+        return None;
+    }
+    Some((slug, rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_map_to_workspaces() {
+        let base = Path::new("/h/workspaces");
+        assert_eq!(
+            split(base, Path::new("/h/workspaces/acme/wiki/a/b.md")),
+            Some(("acme".into(), "wiki/a/b.md".into()))
+        );
+        for ignored in [
+            "/h/workspaces/acme/.git/index",
+            "/h/workspaces/acme/runs/x/final",
+            "/h/workspaces/acme/wiki/.b.md.alx-tmp-1",
+            "/h/workspaces/acme/wiki/b.md~",
+            "/h/state.db",
+        ] {
+            assert_eq!(split(base, Path::new(ignored)), None, "{ignored}");
+        }
+    }
+}
