@@ -17,8 +17,9 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::calllog;
 use crate::error::ToolError;
-use crate::sessions::SessionInfo;
+use crate::sessions::{SessionInfo, SessionListing};
 use crate::store::Store;
 use crate::tools::{self, GuideParams, ReadParams, SearchParams, ToolOutput};
 
@@ -30,11 +31,23 @@ pub const INSTRUCTIONS: &str = "alexandria serves the user's own local markdown 
 pub struct AlexandriaServer {
     store: Arc<Store>,
     session: Arc<SessionInfo>,
+    listing: Option<Arc<SessionListing>>,
 }
 
 impl AlexandriaServer {
     pub fn new(store: Arc<Store>, session: Arc<SessionInfo>) -> AlexandriaServer {
-        AlexandriaServer { store, session }
+        AlexandriaServer {
+            store,
+            session,
+            listing: None,
+        }
+    }
+
+    /// List the session in `mcp status` once it initializes, until the server is
+    /// dropped (HTTP: the transport creates servers that may never see a client).
+    pub fn with_listing(mut self, listing: Arc<SessionListing>) -> AlexandriaServer {
+        self.listing = Some(listing);
+        self
     }
 }
 
@@ -154,6 +167,9 @@ impl ServerHandler for AlexandriaServer {
     ) -> Result<InitializeResult, McpError> {
         self.session
             .set_client(&request.client_info.name, &request.client_info.version);
+        if let Some(listing) = &self.listing {
+            listing.list();
+        }
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
     }
@@ -193,7 +209,7 @@ impl ServerHandler for AlexandriaServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
         if !tool_definitions().iter().any(|t| t.name == name) {
@@ -203,7 +219,13 @@ impl ServerHandler for AlexandriaServer {
             ));
         }
         self.session.record_call();
+        if let Some(client) = context.meta.client_info() {
+            // 2026-07-28 clients skip initialize and name themselves on each request.
+            self.session.set_client(&client.name, &client.version);
+        }
         let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let args_hash = calllog::args_hash(&arguments);
+        let workspace = calllog::workspace_of(&arguments, &self.session.binding).map(str::to_owned);
         let store = Arc::clone(&self.store);
         let binding = self.session.binding.clone();
         let started = Instant::now();
@@ -217,6 +239,18 @@ impl ServerHandler for AlexandriaServer {
                     Err(ToolError::internal("the tool crashed", join_error))
                 });
         let ok = outcome.is_ok();
+        calllog::append(
+            &self.store.home.logs_dir(),
+            &calllog::CallRecord {
+                session: &self.session.id,
+                transport: self.session.transport,
+                workspace: workspace.as_deref(),
+                tool: &name,
+                args_hash,
+                latency: started.elapsed(),
+                result: outcome.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"),
+            },
+        );
         tracing::info!(
             session = %self.session.id,
             tool = %name,
