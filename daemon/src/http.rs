@@ -20,6 +20,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
+use rmcp::transport::streamable_http_server::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -42,7 +43,12 @@ const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Largest POST body accepted (one JSON-RPC message).
 const MAX_BODY_BYTES: usize = alexandria_proto::MAX_FRAME_BYTES;
 
-type McpService = StreamableHttpService<AlexandriaServer, LocalSessionManager>;
+/// One MCP endpoint: rmcp's service and its session table.
+#[derive(Clone)]
+struct McpService {
+    service: StreamableHttpService<AlexandriaServer, LocalSessionManager>,
+    sessions: Arc<LocalSessionManager>,
+}
 
 /// Command-line overrides of `config.toml [http]`.
 #[derive(Debug, Clone, Default)]
@@ -301,7 +307,8 @@ fn mcp_service(
         .with_max_request_body_bytes(MAX_BODY_BYTES)
         .with_cancellation_token(cancel.child_token());
     let context = Arc::clone(context);
-    StreamableHttpService::new(
+    let sessions = Arc::new(sessions);
+    let service = StreamableHttpService::new(
         move || {
             // Runs per session, and also for one-off uses (2026-07-28 stateless
             // requests, schema look-ups): the session is listed only once it
@@ -313,9 +320,10 @@ fn mcp_service(
             ));
             Ok(AlexandriaServer::new(Arc::clone(&context.store), session).with_listing(listing))
         },
-        Arc::new(sessions),
+        Arc::clone(&sessions),
         config,
-    )
+    );
+    McpService { service, sessions }
 }
 
 enum Route<'a> {
@@ -419,9 +427,30 @@ fn workspace_exists(app: &App, slug: &str) -> Result<(), Denial> {
     }
 }
 
-async fn forward(service: &McpService, mut request: Request) -> Response {
-    lenient_accept(request.method().clone(), request.headers_mut());
-    service.handle(request).await.map(Body::new)
+async fn forward(endpoint: &McpService, mut request: Request) -> Response {
+    let method = request.method().clone();
+    if method == Method::DELETE
+        && let Some(id) = request
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        && !endpoint
+            .sessions
+            .has_session(&id.to_string().into())
+            .await
+            .unwrap_or(true)
+    {
+        // rmcp would accept the DELETE of a session it does not know.
+        return plain(StatusCode::NOT_FOUND, "Not Found: Session not found");
+    }
+    lenient_accept(method.clone(), request.headers_mut());
+    let mut response = endpoint.service.handle(request).await.map(Body::new);
+    // rmcp answers a DELETE with 202, but the session is already closed by then;
+    // 204 says so, and the Python SDK warns on anything but 200/204.
+    if method == Method::DELETE && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 /// Clients that send no `Accept`, or only `*/*`, accept what we send; rmcp would

@@ -397,9 +397,17 @@ fn health_sessions_and_status() {
         ],
         "",
     );
-    assert!(deleted.status < 300, "{}", deleted.status);
+    assert_eq!(deleted.status, 204);
     let (status, _) = call_tool(address, "/mcp/global", &session, None, "guide", json!({}));
     assert_eq!(status, 404);
+    let again = http(
+        address,
+        "DELETE",
+        "/mcp/global",
+        &[("Mcp-Session-Id", session.as_str())],
+        "",
+    );
+    assert_eq!(again.status, 404);
     let mut remaining = usize::MAX;
     for _ in 0..100 {
         let status = cli_json(home.path(), &["mcp", "status", "--json"]);
