@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use alexandria_proto::{BUILD, Binding};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
@@ -25,6 +25,9 @@ use crate::tools::{self, GuideParams, ReadParams, SearchParams, ToolOutput};
 
 /// What the server tells clients in `initialize` (and what tool search indexes).
 pub const INSTRUCTIONS: &str = "alexandria serves the user's own local markdown wikis (workspaces kept in git), built from their notes, papers and transcripts. Use it for what the user has collected and written down, not for the public web or source code. Call guide first: it explains the layers (raw/ sources, wiki/ pages), the citation format, and lists the workspaces. Then search (ranked full text, or list by glob) and read (files, PDF pages, markdown sections).";
+
+/// How long clients may cache list results: the lists change only with the build.
+const LIST_TTL_MS: u64 = 60 * 60 * 1000;
 
 /// The MCP server for one session.
 #[derive(Clone)]
@@ -179,7 +182,10 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(tool_definitions()))
+        // 2026-07-28 requires caching hints on list results (SEP-2549).
+        Ok(ListToolsResult::with_all_items(tool_definitions())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn list_resources(
@@ -187,7 +193,9 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::default())
+        Ok(ListResourcesResult::with_all_items(Vec::new())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn list_resource_templates(
@@ -195,7 +203,9 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        Ok(ListResourceTemplatesResult::default())
+        Ok(ListResourceTemplatesResult::with_all_items(Vec::new())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn list_prompts(
@@ -203,7 +213,9 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        Ok(ListPromptsResult::default())
+        Ok(ListPromptsResult::with_all_items(Vec::new())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn call_tool(
