@@ -20,6 +20,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
+use axum::serve::ListenerExt;
 use rmcp::transport::streamable_http_server::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -128,6 +129,13 @@ pub async fn serve(listener: TcpListener, context: Arc<DaemonContext>, config: &
         let _ = shutdown.wait_for(|stopping| *stopping).await;
         cancel.cancel();
     };
+    // Responses go out in several small writes (headers, SSE events): without
+    // TCP_NODELAY, Nagle and the client's delayed ACK add ~40 ms to each call.
+    let listener = listener.tap_io(|stream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+    });
     if let Err(error) = axum::serve(listener, router)
         .with_graceful_shutdown(stop)
         .await
