@@ -13,6 +13,12 @@ pub const DEFAULT_CONFIG: &str = r#"# alexandria daemon configuration. Restart t
 bind = "127.0.0.1"
 # 0 picks a free port; `alexandria daemon status` shows the bound address.
 port = 0
+# Require a bearer token (`alexandria daemon auth token`) on every HTTP request.
+# Always on once a token has been minted, and mandatory for a non-loopback bind.
+token_required = false
+# Extra Host names to accept besides localhost/127.0.0.1/[::1] (e.g. a tunnel's
+# hostname). Requests naming any other Host or Origin get 403 (DNS rebinding).
+allowed_hosts = []
 
 [write]
 # How long a write waits for the workspace lock before answering workspace_busy.
@@ -36,6 +42,8 @@ pub struct Config {
 pub struct HttpConfig {
     pub bind: String,
     pub port: u16,
+    pub token_required: bool,
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -55,6 +63,8 @@ impl Default for HttpConfig {
         HttpConfig {
             bind: "127.0.0.1".into(),
             port: 0,
+            token_required: false,
+            allowed_hosts: Vec::new(),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Control requests from the CLI: status, init, workspaces, ingest, stop.
+//! Control requests from the CLI: status, init, workspaces, ingest, tokens, stop.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,15 +104,21 @@ fn run(
                 status["sessions"].as_array().map_or(0, Vec::len),
             );
             for session in status["sessions"].as_array().into_iter().flatten() {
+                let parent = match session["parent_pid"].as_u64() {
+                    Some(pid) => format!(
+                        "parent {pid} ({})",
+                        session["parent_name"].as_str().unwrap_or("?")
+                    ),
+                    None => "remote".to_string(),
+                };
                 text.push_str(&format!(
-                    "  - {} {} {} parent {} ({}) client {} {} · {} calls, last {}\n",
+                    "  - {} {} {} {parent} client {} {} · since {} · {} calls, last {}\n",
                     session["transport"].as_str().unwrap_or(""),
                     session["binding"].as_str().unwrap_or(""),
                     session["workspace"].as_str().unwrap_or("*"),
-                    session["parent_pid"],
-                    session["parent_name"].as_str().unwrap_or("?"),
                     session["client_name"].as_str().unwrap_or("?"),
                     session["client_version"].as_str().unwrap_or(""),
+                    session["started_at"].as_str().unwrap_or("?"),
                     session["calls"],
                     session["last_call_at"].as_str().unwrap_or("never"),
                 ));
@@ -153,6 +159,49 @@ fn run(
             Ok(done(text.trim_end().to_string(), json!(list)))
         }
         ControlRequest::Ingest { workspace, files } => ingest(store, &workspace, &files, progress),
+        ControlRequest::AuthToken {
+            workspace,
+            ttl_secs,
+        } => {
+            if let Some(slug) = &workspace {
+                store.require_workspace(slug)?;
+            }
+            let minted = context
+                .auth
+                .mint(workspace, ttl_secs)
+                .map_err(|e| ToolError::internal("minting a token", e))?;
+            let scope = minted
+                .workspace
+                .as_deref()
+                .map_or("every workspace".to_string(), |w| {
+                    format!("workspace '{w}' only")
+                });
+            let expiry = minted.expires_at.map_or("never expires".to_string(), |at| {
+                format!("expires {}", crate::tools::iso_time(at as i64 * 1000))
+            });
+            let url = match (&context.http, &minted.workspace) {
+                (Some(http), Some(w)) => format!("{}/mcp/{w}", http.url()),
+                (Some(http), None) => format!("{}/mcp", http.url()),
+                (None, _) => "(HTTP is not being served)".to_string(),
+            };
+            Ok(done(
+                format!(
+                    "{}\n\nA bearer token for {scope}; it {expiry}. It is shown only once.\nSend it as `Authorization: Bearer <token>` to {url}.\nEvery HTTP request now needs a token; `alexandria daemon auth revoke` invalidates all of them.",
+                    minted.token
+                ),
+                json!({"token": minted.token, "workspace": minted.workspace, "expires_at": minted.expires_at, "url": url}),
+            ))
+        }
+        ControlRequest::AuthRevoke => {
+            let generation = context
+                .auth
+                .revoke()
+                .map_err(|e| ToolError::internal("revoking tokens", e))?;
+            Ok(done(
+                "every token minted so far is now invalid; HTTP still requires a token (mint one with `alexandria daemon auth token`)".into(),
+                json!({"revoked": true, "generation": generation}),
+            ))
+        }
         ControlRequest::Stop => Ok(done(
             format!("alexandriad (pid {}) is stopping", std::process::id()),
             json!({"pid": std::process::id()}),

@@ -10,25 +10,35 @@ use std::time::{Duration, Instant};
 use alexandria_proto::{BUILD, Home, PROTOCOL_VERSION, StartupNotice};
 use anyhow::{Context, Result, anyhow};
 use serde_json::{Value, json};
-use tokio::net::UnixListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
+use crate::auth::Auth;
+use crate::http::{HttpInfo, HttpOverrides};
 use crate::sessions::Sessions;
 use crate::store::Store;
-use crate::{index, socket};
+use crate::{calllog, http, index, socket};
+
+/// How long shutdown waits for HTTP connections to finish.
+const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
     pub home: Home,
     /// Started by a shim: report readiness on stdout, then detach from it.
     pub spawned: bool,
+    /// `--bind`, `--port`, `--token-required`.
+    pub http: HttpOverrides,
 }
 
 /// State shared by every connection.
 pub struct DaemonContext {
     pub store: Arc<Store>,
-    pub sessions: Sessions,
+    pub sessions: Arc<Sessions>,
     pub started: Instant,
+    pub auth: Arc<Auth>,
+    /// `None` when HTTP could not be bound (the reason is in the daemon log).
+    pub http: Option<HttpInfo>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -50,7 +60,8 @@ impl DaemonContext {
             "uptime_secs": self.started.elapsed().as_secs(),
             "home": self.store.home.root().display().to_string(),
             "socket": self.store.home.socket().display().to_string(),
-            "http": Value::Null,
+            "http": self.http.as_ref().map(HttpInfo::url),
+            "http_tokens": self.auth.tokens_enabled(),
             "sessions": self.sessions.snapshot(),
             "workspaces": self.store.list_workspaces(),
         })
@@ -78,7 +89,12 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
             return Err(error);
         }
     };
-    let (listener, context, pid_lock) = started;
+    let Started {
+        listener,
+        http_listener,
+        context,
+        pid_lock,
+    } = started;
     notify(&StartupNotice::Ready {
         pid: std::process::id(),
         socket: context.store.home.socket().display().to_string(),
@@ -92,9 +108,25 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
         "alexandriad ready"
     );
     tokio::spawn(keep_index_current(Arc::clone(&context)));
+    tokio::spawn(prune_call_logs(Arc::clone(&context)));
     let signals = tokio::spawn(wait_for_signal(Arc::clone(&context)));
+    let http_server = http_listener.map(|listener| {
+        let context = Arc::clone(&context);
+        tokio::spawn(async move {
+            let config = context.store.config.http.clone();
+            http::serve(listener, context, &config).await;
+        })
+    });
     socket::serve(listener, Arc::clone(&context)).await;
     signals.abort();
+    if let Some(mut server) = http_server
+        && tokio::time::timeout(HTTP_SHUTDOWN_GRACE, &mut server)
+            .await
+            .is_err()
+    {
+        tracing::warn!("HTTP connections still open at shutdown; closing them");
+        server.abort();
+    }
     let _ = std::fs::remove_file(context.store.home.socket());
     let _ = std::fs::remove_file(context.store.home.pid_file());
     drop(pid_lock);
@@ -102,7 +134,14 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     Ok(())
 }
 
-async fn start(options: &DaemonOptions) -> Result<(UnixListener, Arc<DaemonContext>, File)> {
+struct Started {
+    listener: UnixListener,
+    http_listener: Option<TcpListener>,
+    context: Arc<DaemonContext>,
+    pid_lock: File,
+}
+
+async fn start(options: &DaemonOptions) -> Result<Started> {
     let home = options.home.clone();
     crate::store::ensure_layout(&home)
         .with_context(|| format!("cannot create the home {}", home.root().display()))?;
@@ -143,14 +182,42 @@ async fn start(options: &DaemonOptions) -> Result<(UnixListener, Arc<DaemonConte
         .with_context(|| format!("cannot listen on {}", socket.display()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("cannot restrict {}", socket.display()))?;
+    let http_config = &store.config.http;
+    let auth = Auth::load(
+        &home,
+        options.http.token_required || http_config.token_required,
+    )
+    .context("cannot load the HTTP token key")?;
+    let address = http::bind_address(http_config, &options.http)?;
+    // Refusing an open network bind is fatal; a busy port only costs HTTP, not the
+    // socket that every shim needs.
+    let http_listener = match http::bind(address, &auth).await {
+        Ok(listener) => Some(listener),
+        Err(error @ http::HttpError::Listen { .. }) => {
+            tracing::error!(%error, "serving without HTTP");
+            None
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let http = http_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|address| HttpInfo { address });
     let (shutdown, _) = watch::channel(false);
     let context = Arc::new(DaemonContext {
         store,
-        sessions: Sessions::default(),
+        sessions: Arc::new(Sessions::default()),
         started: Instant::now(),
+        auth: Arc::new(auth),
+        http,
         shutdown,
     });
-    Ok((listener, context, pid_lock))
+    Ok(Started {
+        listener,
+        http_listener,
+        context,
+        pid_lock,
+    })
 }
 
 /// Lock `run/daemon.pid` for the daemon's lifetime and write "pid version" into it.
@@ -275,5 +342,18 @@ async fn keep_index_current(context: Arc<DaemonContext>) {
     });
     if let Err(error) = scan.await {
         tracing::error!(%error, "the start-up scan panicked");
+    }
+}
+
+/// Delete old `logs/mcp-<date>.jsonl` files at start and then daily.
+async fn prune_call_logs(context: Arc<DaemonContext>) {
+    let logs = context.store.home.logs_dir();
+    let retention_days = context.store.config.logs.retention_days;
+    loop {
+        let removed = calllog::prune(&logs, retention_days);
+        if removed > 0 {
+            tracing::info!(removed, retention_days, "pruned tool-call logs");
+        }
+        tokio::time::sleep(Duration::from_secs(6 * 60 * 60)).await;
     }
 }

@@ -1,9 +1,11 @@
 //! alexandriad: the daemon that owns every workspace and serves them over MCP.
 //!
-//! Dependencies point inward: transports (`socket`, later HTTP) → `mcp` (tool
+//! Dependencies point inward: transports (`socket`, `http`) → `mcp` (tool
 //! registration and MCP results) → `tools` (tool logic, blocking) → `store`
 //! (workspaces on disk, git) and `index`/`db` (SQLite state and full-text index).
 
+pub mod auth;
+pub mod calllog;
 pub mod config;
 pub mod control;
 pub mod daemon;
@@ -11,6 +13,7 @@ pub mod db;
 pub mod error;
 pub mod extract;
 pub mod faults;
+pub mod http;
 pub mod index;
 pub mod markdown;
 pub mod mcp;

@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use alexandria_daemon::http::HttpOverrides;
 use alexandria_daemon::{DaemonOptions, run};
 use alexandria_proto::Home;
 use clap::Parser;
@@ -22,6 +23,15 @@ struct Args {
     /// Set by `alexandria` when it starts the daemon in the background
     #[arg(long, hide = true)]
     spawned: bool,
+    /// HTTP bind address (overrides config.toml [http] bind; non-loopback needs tokens)
+    #[arg(long, value_name = "ADDR")]
+    bind: Option<String>,
+    /// HTTP port (overrides config.toml [http] port; 0 picks a free port)
+    #[arg(long, value_name = "N")]
+    port: Option<u16>,
+    /// Require a bearer token on every HTTP request (`alexandria daemon auth token`)
+    #[arg(long)]
+    token_required: bool,
 }
 
 fn main() -> ExitCode {
@@ -37,6 +47,11 @@ fn main() -> ExitCode {
     match run(DaemonOptions {
         home,
         spawned: args.spawned,
+        http: HttpOverrides {
+            bind: args.bind,
+            port: args.port,
+            token_required: args.token_required,
+        },
     }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

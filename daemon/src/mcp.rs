@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use alexandria_proto::{BUILD, Binding};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
@@ -17,8 +17,9 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::calllog;
 use crate::error::ToolError;
-use crate::sessions::SessionInfo;
+use crate::sessions::{SessionInfo, SessionListing};
 use crate::store::Store;
 use crate::tools::{self, GuideParams, ReadParams, SearchParams, ToolOutput};
 use crate::write::{self, Caller, DeleteParams, HistoryParams, WriteParams};
@@ -26,16 +27,31 @@ use crate::write::{self, Caller, DeleteParams, HistoryParams, WriteParams};
 /// What the server tells clients in `initialize` (and what tool search indexes).
 pub const INSTRUCTIONS: &str = "alexandria serves the user's own local markdown wikis (workspaces kept in git), built from their notes, papers and transcripts. Use it for what the user has collected and written down, not for the public web or source code. Call guide first: it explains the layers (raw/ sources, wiki/ pages), the citation format, and lists the workspaces. Then search (ranked full text, or list by glob) and read (files, PDF pages, markdown sections).";
 
+/// How long clients may cache list results: the lists change only with the build.
+const LIST_TTL_MS: u64 = 60 * 60 * 1000;
+
 /// The MCP server for one session.
 #[derive(Clone)]
 pub struct AlexandriaServer {
     store: Arc<Store>,
     session: Arc<SessionInfo>,
+    listing: Option<Arc<SessionListing>>,
 }
 
 impl AlexandriaServer {
     pub fn new(store: Arc<Store>, session: Arc<SessionInfo>) -> AlexandriaServer {
-        AlexandriaServer { store, session }
+        AlexandriaServer {
+            store,
+            session,
+            listing: None,
+        }
+    }
+
+    /// List the session in `mcp status` once it initializes, until the server is
+    /// dropped (HTTP: the transport creates servers that may never see a client).
+    pub fn with_listing(mut self, listing: Arc<SessionListing>) -> AlexandriaServer {
+        self.listing = Some(listing);
+        self
     }
 }
 
@@ -192,6 +208,9 @@ impl ServerHandler for AlexandriaServer {
     ) -> Result<InitializeResult, McpError> {
         self.session
             .set_client(&request.client_info.name, &request.client_info.version);
+        if let Some(listing) = &self.listing {
+            listing.list();
+        }
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
     }
@@ -201,7 +220,10 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(tool_definitions()))
+        // 2026-07-28 requires caching hints on list results (SEP-2549).
+        Ok(ListToolsResult::with_all_items(tool_definitions())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn list_resources(
@@ -209,7 +231,9 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::default())
+        Ok(ListResourcesResult::with_all_items(Vec::new())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn list_resource_templates(
@@ -217,7 +241,9 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        Ok(ListResourceTemplatesResult::default())
+        Ok(ListResourceTemplatesResult::with_all_items(Vec::new())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn list_prompts(
@@ -225,13 +251,15 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        Ok(ListPromptsResult::default())
+        Ok(ListPromptsResult::with_all_items(Vec::new())
+            .with_ttl_ms(LIST_TTL_MS)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
         if !tool_definitions().iter().any(|t| t.name == name) {
@@ -241,7 +269,13 @@ impl ServerHandler for AlexandriaServer {
             ));
         }
         self.session.record_call();
+        if let Some(client) = context.meta.client_info() {
+            // 2026-07-28 clients skip initialize and name themselves on each request.
+            self.session.set_client(&client.name, &client.version);
+        }
         let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let args_hash = calllog::args_hash(&arguments);
+        let workspace = calllog::workspace_of(&arguments, &self.session.binding).map(str::to_owned);
         let store = Arc::clone(&self.store);
         let binding = self.session.binding.clone();
         let caller = Caller {
@@ -264,6 +298,18 @@ impl ServerHandler for AlexandriaServer {
         .await
         .unwrap_or_else(|join_error| Err(ToolError::internal("the tool crashed", join_error)));
         let ok = outcome.is_ok();
+        calllog::append(
+            &self.store.home.logs_dir(),
+            &calllog::CallRecord {
+                session: &self.session.id,
+                transport: self.session.transport,
+                workspace: workspace.as_deref(),
+                tool: &name,
+                args_hash,
+                latency: started.elapsed(),
+                result: outcome.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"),
+            },
+        );
         tracing::info!(
             session = %self.session.id,
             tool = %name,

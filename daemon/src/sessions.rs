@@ -126,3 +126,35 @@ impl Sessions {
         sessions.iter().map(|s| s.to_json()).collect()
     }
 }
+
+/// Keeps a session in `Sessions` from the moment it is listed until this is dropped
+/// (with the last clone of the MCP server that owns it).
+pub struct SessionListing {
+    sessions: Arc<Sessions>,
+    session: Arc<SessionInfo>,
+    listed: std::sync::atomic::AtomicBool,
+}
+
+impl SessionListing {
+    pub fn new(sessions: Arc<Sessions>, session: Arc<SessionInfo>) -> SessionListing {
+        SessionListing {
+            sessions,
+            session,
+            listed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub fn list(&self) {
+        if !self.listed.swap(true, Ordering::AcqRel) {
+            self.sessions.register(Arc::clone(&self.session));
+        }
+    }
+}
+
+impl Drop for SessionListing {
+    fn drop(&mut self) {
+        if self.listed.load(Ordering::Acquire) {
+            self.sessions.remove(&self.session.id);
+        }
+    }
+}

@@ -115,6 +115,15 @@ pub enum ControlRequest {
     },
     /// Shut the daemon down gracefully.
     Stop,
+    /// Mint an HTTP bearer token (turns tokens on). The reply carries it once.
+    AuthToken {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workspace: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ttl_secs: Option<u64>,
+    },
+    /// Invalidate every HTTP token minted so far.
+    AuthRevoke,
 }
 
 /// One line of the daemon's answer to a control request.
@@ -213,6 +222,21 @@ mod tests {
             },
             r#"{"request":"ingest","workspace":"global","files":["/a.md"]}"#,
         );
+        round_trip(
+            &ControlRequest::AuthToken {
+                workspace: Some("acme".into()),
+                ttl_secs: Some(3600),
+            },
+            r#"{"request":"auth_token","workspace":"acme","ttl_secs":3600}"#,
+        );
+        round_trip(
+            &ControlRequest::AuthToken {
+                workspace: None,
+                ttl_secs: None,
+            },
+            r#"{"request":"auth_token"}"#,
+        );
+        round_trip(&ControlRequest::AuthRevoke, r#"{"request":"auth_revoke"}"#);
         round_trip(
             &ControlReply::Progress {
                 done: 1,

@@ -132,13 +132,127 @@ pub fn mcp_status(connector: &Connector, json: bool) -> Result<ExitCode> {
     daemon_status(connector, json)
 }
 
-pub fn daemon_start(connector: &Connector) -> Result<ExitCode> {
-    let (text, data) = request(connector, &ControlRequest::Status)?;
-    let _ = text;
+/// HTTP settings for a daemon being started (`daemon start`, `daemon run`).
+#[derive(clap::Args, Debug, Default)]
+pub struct DaemonArgs {
+    /// HTTP bind address (default from config.toml, 127.0.0.1); non-loopback needs tokens
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
+    /// HTTP port (default from config.toml; 0 picks a free port)
+    #[arg(long, value_name = "N")]
+    pub port: Option<u16>,
+    /// Require a bearer token on every HTTP request
+    #[arg(long)]
+    pub token_required: bool,
+}
+
+impl DaemonArgs {
+    fn to_daemon_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(bind) = &self.bind {
+            args.extend(["--bind".to_string(), bind.clone()]);
+        }
+        if let Some(port) = self.port {
+            args.extend(["--port".to_string(), port.to_string()]);
+        }
+        if self.token_required {
+            args.push("--token-required".to_string());
+        }
+        args
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum AuthCommand {
+    /// Mint a bearer token for HTTP (printed once, on stdout); turns tokens on
+    Token {
+        /// Limit the token to one workspace
+        #[arg(long)]
+        workspace: Option<String>,
+        /// Lifetime, e.g. 3600, 90m, 12h, 30d (default: until revoked)
+        #[arg(long, value_parser = parse_ttl)]
+        ttl: Option<u64>,
+    },
+    /// Invalidate every token minted so far
+    Revoke,
+}
+
+/// Seconds from `3600`, `3600s`, `90m`, `12h`, `30d`, `2w`.
+fn parse_ttl(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 3600, 90m, 12h or 30d"))?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return Err(format!("unknown unit {unit:?}: use s, m, h, d or w")),
+    };
+    match number.checked_mul(scale) {
+        Some(0) => Err("the lifetime must be positive".into()),
+        Some(secs) => Ok(secs),
+        None => Err("the lifetime is too long".into()),
+    }
+}
+
+pub fn auth(connector: &Connector, command: AuthCommand) -> Result<ExitCode> {
+    match command {
+        AuthCommand::Token { workspace, ttl } => {
+            if let Some(slug) = &workspace {
+                alexandria_proto::paths::validate_slug(slug)?;
+            }
+            let (text, data) = request(
+                connector,
+                &ControlRequest::AuthToken {
+                    workspace,
+                    ttl_secs: ttl,
+                },
+            )?;
+            // The token alone on stdout (for `$(…)`), the explanation on stderr.
+            let token = data["token"]
+                .as_str()
+                .ok_or_else(|| anyhow!("the daemon's reply has no token"))?;
+            println!("{token}");
+            let explanation = text.strip_prefix(token).unwrap_or(&text).trim();
+            eprintln!("{explanation}");
+        }
+        AuthCommand::Revoke => {
+            let (text, data) = request(connector, &ControlRequest::AuthRevoke)?;
+            print_result(&text, &data, false);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn daemon_start(connector: &Connector, args: &DaemonArgs) -> Result<ExitCode> {
+    let flags = args.to_daemon_args();
+    let connection = match connector.connect_existing(ConnectionKind::Control)? {
+        Some(connection) => {
+            if !flags.is_empty() {
+                eprintln!(
+                    "alexandria: the daemon is already running, so --bind/--port/--token-required do not apply; run `alexandria daemon stop` first"
+                );
+            }
+            connection
+        }
+        None => {
+            connector.start_daemon_with(&flags)?;
+            connector.connect(ConnectionKind::Control)?
+        }
+    };
+    let (_, data) = exchange(connection, &ControlRequest::Status)?;
     println!(
-        "alexandriad is running (pid {}, socket {})",
+        "alexandriad is running (pid {}, socket {}, http {})",
         data["pid"],
-        data["socket"].as_str().unwrap_or("?")
+        data["socket"].as_str().unwrap_or("?"),
+        data["http"].as_str().unwrap_or("off")
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -177,9 +291,10 @@ pub fn daemon_status(connector: &Connector, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn daemon_run(connector: &Connector) -> Result<ExitCode> {
+pub fn daemon_run(connector: &Connector, args: &DaemonArgs) -> Result<ExitCode> {
     let daemon = daemon_binary();
     let status = std::process::Command::new(&daemon)
+        .args(args.to_daemon_args())
         .env(alexandria_proto::home::HOME_ENV, connector.home.root())
         .status()
         .with_context(|| format!("cannot run {}", daemon.display()))?;
@@ -188,4 +303,26 @@ pub fn daemon_run(connector: &Connector) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_units() {
+        for (text, secs) in [
+            ("3600", 3600),
+            ("45s", 45),
+            ("90m", 5400),
+            ("12h", 43_200),
+            ("30d", 2_592_000),
+            ("2w", 1_209_600),
+        ] {
+            assert_eq!(parse_ttl(text), Ok(secs), "{text}");
+        }
+        for bad in ["", "h", "0", "12x", "-5", "99999999999999999999d"] {
+            assert!(parse_ttl(bad).is_err(), "{bad}");
+        }
+    }
 }

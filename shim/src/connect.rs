@@ -116,6 +116,11 @@ impl Connector {
     /// Start a daemon unless another process already did. Returns once a daemon
     /// accepts connections.
     pub fn start_daemon(&self) -> Result<()> {
+        self.start_daemon_with(&[])
+    }
+
+    /// `start_daemon`, passing `args` (e.g. `--port 8080`) to a daemon it starts.
+    pub fn start_daemon_with(&self, args: &[String]) -> Result<()> {
         let run_dir = self.home.run_dir();
         fs::DirBuilder::new()
             .recursive(true)
@@ -130,12 +135,12 @@ impl Connector {
             .open(self.home.start_lock())
             .with_context(|| format!("cannot open {}", self.home.start_lock().display()))?;
         lock_with_timeout(&lock, LOCK_TIMEOUT)?;
-        let result = self.start_locked();
+        let result = self.start_locked(args);
         drop(lock);
         result
     }
 
-    fn start_locked(&self) -> Result<()> {
+    fn start_locked(&self, args: &[String]) -> Result<()> {
         let socket = self.home.socket();
         match UnixStream::connect(&socket) {
             Ok(_) => return Ok(()), // someone else started it while we waited
@@ -152,6 +157,7 @@ impl Connector {
         let mut command = Command::new(&daemon);
         command
             .arg("--spawned")
+            .args(args)
             .env(HOME_ENV, self.home.root())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -87,7 +87,7 @@ enum McpCommand {
 #[derive(Subcommand)]
 enum DaemonCommand {
     /// Start the daemon in the background if it is not running
-    Start,
+    Start(cli::DaemonArgs),
     /// Stop the running daemon
     Stop,
     /// Show whether the daemon runs, its pid, version and socket
@@ -96,7 +96,10 @@ enum DaemonCommand {
         json: bool,
     },
     /// Run the daemon in the foreground (for service managers)
-    Run,
+    Run(cli::DaemonArgs),
+    /// HTTP bearer tokens
+    #[command(subcommand)]
+    Auth(cli::AuthCommand),
     /// Install a systemd user unit (Linux) or launchd agent (macOS) that runs the daemon
     InstallService(install::ServiceArgs),
     /// Stop and remove the service written by install-service
@@ -141,10 +144,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             cli::workspace_list(&connector, json)
         }
         Command::Ingest { workspace, files } => cli::ingest(&connector, &workspace, &files),
-        Command::Daemon(DaemonCommand::Start) => cli::daemon_start(&connector),
+        Command::Daemon(DaemonCommand::Start(daemon)) => cli::daemon_start(&connector, &daemon),
         Command::Daemon(DaemonCommand::Stop) => cli::daemon_stop(&connector),
         Command::Daemon(DaemonCommand::Status { json }) => cli::daemon_status(&connector, json),
-        Command::Daemon(DaemonCommand::Run) => cli::daemon_run(&connector),
+        Command::Daemon(DaemonCommand::Run(daemon)) => cli::daemon_run(&connector, &daemon),
+        Command::Daemon(DaemonCommand::Auth(auth)) => cli::auth(&connector, auth),
         Command::Mcp(McpCommand::Install(args)) => install::mcp_install(&args),
         Command::Mcp(McpCommand::Uninstall(args)) => install::mcp_uninstall(&args),
         Command::Daemon(DaemonCommand::InstallService(args)) => install::install_service(&args),

@@ -1,0 +1,691 @@
+//! The Streamable HTTP transport: `/mcp` (open), `/mcp/{slug}` (pinned), `/health`
+//! and `/mcp/{slug}/health`, served by axum over rmcp's `StreamableHttpService`.
+//!
+//! Every request passes, in order: the `Host`/`Origin` check (DNS rebinding → 403),
+//! the bearer token when tokens are on (→ 401), the token's workspace limit (→ 403),
+//! the workspace's existence (→ 404). Then it goes to the MCP service of its binding:
+//! one service for `/mcp` and one per workspace, so a session id minted under one
+//! slug is unknown (404) under any other. A workspace-limited token on `/mcp` is
+//! served by that workspace's pinned service.
+//!
+//! This is the only module that knows HTTP.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use alexandria_proto::{BUILD, Binding};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::Response;
+use axum::serve::ListenerExt;
+use rmcp::transport::streamable_http_server::SessionManager;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Auth, Grant, Refusal};
+use crate::config::HttpConfig;
+use crate::daemon::DaemonContext;
+use crate::mcp::AlexandriaServer;
+use crate::sessions::{SessionInfo, SessionListing};
+
+/// An HTTP session with no traffic for this long is closed (its id then gets 404
+/// and the client re-initializes). rmcp's default is 5 minutes, which drops the
+/// sessions of clients that merely sit idle in a conversation; a day still reclaims
+/// the sessions of clients that vanished without a DELETE.
+pub const SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+/// SSE comment lines keep idle streams (and proxies) alive.
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Largest POST body accepted (one JSON-RPC message).
+const MAX_BODY_BYTES: usize = alexandria_proto::MAX_FRAME_BYTES;
+
+/// One MCP endpoint: rmcp's service and its session table.
+#[derive(Clone)]
+struct McpService {
+    service: StreamableHttpService<AlexandriaServer, LocalSessionManager>,
+    sessions: Arc<LocalSessionManager>,
+}
+
+/// Command-line overrides of `config.toml [http]`.
+#[derive(Debug, Clone, Default)]
+pub struct HttpOverrides {
+    pub bind: Option<String>,
+    pub port: Option<u16>,
+    pub token_required: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("the HTTP bind address {0:?} is not an IP address (use 127.0.0.1, ::1 or 0.0.0.0)")]
+    BadBind(String),
+    #[error(
+        "refusing to serve HTTP on {0} without tokens: anyone on the network could read the wiki. Start with --token-required (then mint a token with `alexandria daemon auth token`), or bind 127.0.0.1"
+    )]
+    OpenNetwork(SocketAddr),
+    #[error("cannot listen for HTTP on {address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Where and how HTTP is served, once bound.
+#[derive(Debug, Clone)]
+pub struct HttpInfo {
+    pub address: SocketAddr,
+}
+
+impl HttpInfo {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+}
+
+/// The address to bind: config, then overrides.
+pub fn bind_address(
+    config: &HttpConfig,
+    overrides: &HttpOverrides,
+) -> Result<SocketAddr, HttpError> {
+    let bind = overrides.bind.as_deref().unwrap_or(&config.bind);
+    let ip: IpAddr = if bind.eq_ignore_ascii_case("localhost") {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        bind.trim_matches(['[', ']'])
+            .parse()
+            .map_err(|_| HttpError::BadBind(bind.to_string()))?
+    };
+    Ok(SocketAddr::new(ip, overrides.port.unwrap_or(config.port)))
+}
+
+/// Bind the listener, refusing a non-loopback address unless tokens are on.
+pub async fn bind(address: SocketAddr, auth: &Auth) -> Result<TcpListener, HttpError> {
+    if !address.ip().is_loopback() && !auth.tokens_enabled() {
+        return Err(HttpError::OpenNetwork(address));
+    }
+    TcpListener::bind(address)
+        .await
+        .map_err(|source| HttpError::Listen { address, source })
+}
+
+/// Serve until the daemon shuts down. Open SSE streams are ended by cancelling the
+/// services' token, so shutdown never waits on them.
+pub async fn serve(listener: TcpListener, context: Arc<DaemonContext>, config: &HttpConfig) {
+    let cancel = CancellationToken::new();
+    let local = listener.local_addr().ok();
+    let app = Arc::new(App::new(
+        Arc::clone(&context),
+        config,
+        local,
+        cancel.clone(),
+    ));
+    let router = axum::Router::new().fallback(entry).with_state(app);
+    let mut shutdown = context.shutdown_signal();
+    let stop = async move {
+        let _ = shutdown.wait_for(|stopping| *stopping).await;
+        cancel.cancel();
+    };
+    // Responses go out in several small writes (headers, SSE events): without
+    // TCP_NODELAY, Nagle and the client's delayed ACK add ~40 ms to each call.
+    let listener = listener.tap_io(|stream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+    });
+    if let Err(error) = axum::serve(listener, router)
+        .with_graceful_shutdown(stop)
+        .await
+    {
+        tracing::error!(%error, "the HTTP server failed");
+    }
+}
+
+/// Which `Host` (and `Origin` host) names are ours.
+#[derive(Debug, Clone)]
+struct HostRule {
+    names: Vec<String>,
+    /// Bound to 0.0.0.0 / ::: any Host reaches us (tokens are mandatory there);
+    /// an `Origin` must then name the same host as `Host`.
+    any: bool,
+}
+
+impl HostRule {
+    fn new(config: &HttpConfig, local: Option<SocketAddr>) -> HostRule {
+        let mut names: Vec<String> = ["localhost", "127.0.0.1", "::1"]
+            .into_iter()
+            .map(String::from)
+            .chain(config.allowed_hosts.iter().map(|h| normalize_host(h)))
+            .collect();
+        let mut any = false;
+        if let Some(local) = local {
+            let ip = local.ip();
+            if ip.is_unspecified() {
+                any = true;
+            } else if !ip.is_loopback() {
+                names.push(ip.to_string());
+            }
+        }
+        HostRule { names, any }
+    }
+
+    fn allows(&self, host: &str) -> bool {
+        self.names.iter().any(|name| name == host)
+    }
+
+    /// `Err(reason)` when the request must be refused with 403.
+    fn check(&self, headers: &HeaderMap) -> Result<(), &'static str> {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(host_of_authority)
+            .ok_or("the Host header is missing or malformed")?;
+        if !self.any && !self.allows(&host) {
+            return Err("the Host header names another server (DNS rebinding protection)");
+        }
+        let Some(origin) = headers.get(header::ORIGIN) else {
+            return Ok(());
+        };
+        let origin_host = origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .filter(|(scheme, _)| {
+                scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")
+            })
+            .and_then(|(_, rest)| host_of_authority(rest.trim_end_matches('/')))
+            .ok_or("the Origin header is not an http(s) origin")?;
+        if self.allows(&origin_host) || (self.any && origin_host == host) {
+            Ok(())
+        } else {
+            Err("requests from this Origin are not allowed (DNS rebinding protection)")
+        }
+    }
+}
+
+fn normalize_host(host: &str) -> String {
+    host.trim().trim_matches(['[', ']']).to_ascii_lowercase()
+}
+
+/// The host of `host[:port]` / `[v6]:port`, lowercased, without brackets.
+fn host_of_authority(authority: &str) -> Option<String> {
+    let authority: axum::http::uri::Authority = authority.trim().parse().ok()?;
+    if authority.as_str().contains('@') {
+        return None;
+    }
+    Some(normalize_host(authority.host()))
+}
+
+struct App {
+    context: Arc<DaemonContext>,
+    hosts: HostRule,
+    cancel: CancellationToken,
+    open: McpService,
+    pinned: Mutex<HashMap<String, McpService>>,
+}
+
+impl App {
+    fn new(
+        context: Arc<DaemonContext>,
+        config: &HttpConfig,
+        local: Option<SocketAddr>,
+        cancel: CancellationToken,
+    ) -> App {
+        let open = mcp_service(&context, Binding::Open, &cancel);
+        App {
+            hosts: HostRule::new(config, local),
+            context,
+            cancel,
+            open,
+            pinned: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn pinned_service(&self, slug: &str) -> McpService {
+        let mut pinned = self.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        pinned
+            .entry(slug.to_string())
+            .or_insert_with(|| {
+                mcp_service(
+                    &self.context,
+                    Binding::Pinned {
+                        workspace: slug.to_string(),
+                    },
+                    &self.cancel,
+                )
+            })
+            .clone()
+    }
+
+    /// The token's grant, or `Grant { workspace: None }` when tokens are off.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<Grant, Denial> {
+        let auth: &Auth = &self.context.auth;
+        if !auth.tokens_enabled() {
+            return Ok(Grant { workspace: None });
+        }
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| {
+                let (scheme, token) = value.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            });
+        let Some(token) = token else {
+            return Err(Denial::Unauthorized(Refusal::Missing));
+        };
+        auth.verify(token).map_err(Denial::Unauthorized)
+    }
+}
+
+/// Why a request does not reach MCP.
+enum Denial {
+    Unauthorized(Refusal),
+    /// A token limited to this other workspace.
+    OutOfScope(String),
+    NoSuchWorkspace,
+}
+
+impl Denial {
+    fn into_response(self) -> Response {
+        match self {
+            Denial::Unauthorized(refusal) => unauthorized(refusal),
+            Denial::OutOfScope(limit) => insufficient_scope(&limit),
+            Denial::NoSuchWorkspace => plain(
+                StatusCode::NOT_FOUND,
+                "no such workspace: `alexandria workspace list` shows them",
+            ),
+        }
+    }
+}
+
+fn mcp_service(
+    context: &Arc<DaemonContext>,
+    binding: Binding,
+    cancel: &CancellationToken,
+) -> McpService {
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(SESSION_IDLE_TIMEOUT);
+    let config = StreamableHttpServerConfig::default()
+        // Host and Origin are checked in `entry` for every route, with our rules.
+        .disable_allowed_hosts()
+        .with_sse_keep_alive(Some(SSE_KEEP_ALIVE))
+        .with_max_request_body_bytes(MAX_BODY_BYTES)
+        .with_cancellation_token(cancel.child_token());
+    let context = Arc::clone(context);
+    let sessions = Arc::new(sessions);
+    let service = StreamableHttpService::new(
+        move || {
+            // Runs per session, and also for one-off uses (2026-07-28 stateless
+            // requests, schema look-ups): the session is listed only once it
+            // initializes, and unlisted when the server is dropped.
+            let session = Arc::new(SessionInfo::new("http", binding.clone(), None, None, false));
+            let listing = Arc::new(SessionListing::new(
+                Arc::clone(&context.sessions),
+                Arc::clone(&session),
+            ));
+            Ok(AlexandriaServer::new(Arc::clone(&context.store), session).with_listing(listing))
+        },
+        Arc::clone(&sessions),
+        config,
+    );
+    McpService { service, sessions }
+}
+
+enum Route<'a> {
+    Health,
+    Open,
+    Pinned(&'a str),
+    WorkspaceHealth(&'a str),
+    Unknown,
+}
+
+fn route(path: &str) -> Route<'_> {
+    let path = path
+        .strip_suffix('/')
+        .filter(|p| !p.is_empty())
+        .unwrap_or(path);
+    match path {
+        "/health" => Route::Health,
+        "/mcp" => Route::Open,
+        _ => match path.strip_prefix("/mcp/").map(|rest| rest.split_once('/')) {
+            Some(None) => Route::Pinned(&path["/mcp/".len()..]),
+            Some(Some((slug, "health"))) => Route::WorkspaceHealth(slug),
+            _ => Route::Unknown,
+        },
+    }
+}
+
+async fn entry(State(app): State<Arc<App>>, request: Request) -> Response {
+    if let Err(reason) = app.hosts.check(request.headers()) {
+        tracing::warn!(
+            reason,
+            path = request.uri().path(),
+            "refused an HTTP request"
+        );
+        return plain(StatusCode::FORBIDDEN, reason);
+    }
+    let path = request.uri().path().to_string();
+    match route(&path) {
+        Route::Health => {
+            if request.method() != Method::GET {
+                return method_not_allowed("GET");
+            }
+            json_response(
+                StatusCode::OK,
+                json!({"status": "ok", "version": BUILD, "tokens": app.context.auth.tokens_enabled()}),
+            )
+        }
+        Route::Open => {
+            let grant = match app.authenticate(request.headers()) {
+                Ok(grant) => grant,
+                Err(denial) => return denial.into_response(),
+            };
+            let service = match &grant.workspace {
+                // A workspace-limited token turns the open endpoint into that pin.
+                Some(slug) => match workspace_exists(&app, slug) {
+                    Ok(()) => app.pinned_service(slug),
+                    Err(denial) => return denial.into_response(),
+                },
+                None => app.open.clone(),
+            };
+            forward(&service, request).await
+        }
+        Route::Pinned(slug) => {
+            if let Err(denial) = admit_to_workspace(&app, request.headers(), slug) {
+                return denial.into_response();
+            }
+            let service = app.pinned_service(slug);
+            forward(&service, request).await
+        }
+        Route::WorkspaceHealth(slug) => {
+            if let Err(denial) = admit_to_workspace(&app, request.headers(), slug) {
+                return denial.into_response();
+            }
+            if request.method() != Method::GET {
+                return method_not_allowed("GET");
+            }
+            json_response(
+                StatusCode::OK,
+                json!({"status": "ok", "version": BUILD, "workspace": slug}),
+            )
+        }
+        Route::Unknown => plain(
+            StatusCode::NOT_FOUND,
+            "not found: alexandria serves /mcp, /mcp/<workspace> and /health",
+        ),
+    }
+}
+
+/// Token, then the token's limit, then existence.
+fn admit_to_workspace(app: &App, headers: &HeaderMap, slug: &str) -> Result<(), Denial> {
+    let grant = app.authenticate(headers)?;
+    match grant.workspace {
+        Some(limit) if limit != slug => Err(Denial::OutOfScope(limit)),
+        _ => workspace_exists(app, slug),
+    }
+}
+
+fn workspace_exists(app: &App, slug: &str) -> Result<(), Denial> {
+    match app.context.store.require_workspace(slug) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(Denial::NoSuchWorkspace),
+    }
+}
+
+async fn forward(endpoint: &McpService, mut request: Request) -> Response {
+    let method = request.method().clone();
+    if method == Method::DELETE
+        && let Some(id) = request
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        && !endpoint
+            .sessions
+            .has_session(&id.to_string().into())
+            .await
+            .unwrap_or(true)
+    {
+        // rmcp would accept the DELETE of a session it does not know.
+        return plain(StatusCode::NOT_FOUND, "Not Found: Session not found");
+    }
+    lenient_accept(method.clone(), request.headers_mut());
+    let mut response = endpoint.service.handle(request).await.map(Body::new);
+    // rmcp answers a DELETE with 202, but the session is already closed by then;
+    // 204 says so, and the Python SDK warns on anything but 200/204.
+    if method == Method::DELETE && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
+}
+
+/// Clients that send no `Accept`, or only `*/*`, accept what we send; rmcp would
+/// answer them 406. Explicit lists are left as they are.
+fn lenient_accept(method: Method, headers: &mut HeaderMap) {
+    let accepts_anything = match headers.get(header::ACCEPT).map(|v| v.to_str()) {
+        None => true,
+        Some(Ok(value)) => value.split(',').all(|entry| {
+            let essence = entry.split(';').next().unwrap_or("").trim();
+            essence == "*/*" || essence.is_empty()
+        }),
+        Some(Err(_)) => false,
+    };
+    if !accepts_anything {
+        return;
+    }
+    let value = if method == Method::GET {
+        HeaderValue::from_static("text/event-stream")
+    } else {
+        HeaderValue::from_static("application/json, text/event-stream")
+    };
+    headers.insert(header::ACCEPT, value);
+}
+
+fn plain(status: StatusCode, message: &'static str) -> Response {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Body::from(message))
+        .expect("static response parts are valid")
+}
+
+fn json_response(status: StatusCode, value: serde_json::Value) -> Response {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(value.to_string()))
+        .expect("static response parts are valid")
+}
+
+fn method_not_allowed(allow: &'static str) -> Response {
+    Response::builder()
+        .status(StatusCode::METHOD_NOT_ALLOWED)
+        .header(header::ALLOW, allow)
+        .body(Body::from("method not allowed"))
+        .expect("static response parts are valid")
+}
+
+/// 401 with an RFC 6750 challenge (the scheme the MCP authorization spec uses).
+fn unauthorized(refusal: Refusal) -> Response {
+    let mut challenge = String::from("Bearer realm=\"alexandria\"");
+    if !refusal.error_code().is_empty() {
+        challenge.push_str(&format!(
+            ", error=\"{}\", error_description=\"{}\"",
+            refusal.error_code(),
+            refusal.description()
+        ));
+    }
+    let body = json!({"error": "unauthorized", "message": refusal.description()});
+    Response::builder()
+        .status(StatusCode::UNAUTHORIZED)
+        .header(header::WWW_AUTHENTICATE, challenge)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("challenge parts are valid")
+}
+
+/// 403 for a workspace-limited token used on another workspace.
+fn insufficient_scope(limit: &str) -> Response {
+    let body = json!({
+        "error": "insufficient_scope",
+        "message": "this token is limited to one workspace",
+        "workspace": limit,
+    });
+    Response::builder()
+        .status(StatusCode::FORBIDDEN)
+        .header(
+            header::WWW_AUTHENTICATE,
+            "Bearer realm=\"alexandria\", error=\"insufficient_scope\", error_description=\"this token is limited to another workspace\"",
+        )
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("static response parts are valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn host_and_origin_rules() {
+        let loopback = HostRule::new(&HttpConfig::default(), "127.0.0.1:7000".parse().ok());
+        let cases: [(&[(&'static str, &'static str)], bool); 11] = [
+            (&[("host", "127.0.0.1:7000")], true),
+            (&[("host", "localhost:7000")], true),
+            (&[("host", "LOCALHOST")], true),
+            (&[("host", "[::1]:7000")], true),
+            (&[("host", "evil.example:7000")], false),
+            (&[("host", "127.0.0.1.evil.example")], false),
+            (&[], false),
+            (
+                &[
+                    ("host", "localhost:7000"),
+                    ("origin", "http://localhost:6274"),
+                ],
+                true,
+            ),
+            (
+                &[
+                    ("host", "localhost:7000"),
+                    ("origin", "http://evil.example"),
+                ],
+                false,
+            ),
+            (&[("host", "localhost:7000"), ("origin", "null")], false),
+            (&[("host", "user@localhost:7000")], false),
+        ];
+        for (pairs, allowed) in cases {
+            assert_eq!(
+                loopback.check(&headers(pairs)).is_ok(),
+                allowed,
+                "{pairs:?}"
+            );
+        }
+        let config = HttpConfig {
+            allowed_hosts: vec!["Wiki.Example.org".into()],
+            ..HttpConfig::default()
+        };
+        let tunnel = HostRule::new(&config, "127.0.0.1:7000".parse().ok());
+        assert!(
+            tunnel
+                .check(&headers(&[("host", "wiki.example.org")]))
+                .is_ok()
+        );
+        let everywhere = HostRule::new(&HttpConfig::default(), "0.0.0.0:7000".parse().ok());
+        assert!(
+            everywhere
+                .check(&headers(&[("host", "10.1.2.3:7000")]))
+                .is_ok()
+        );
+        assert!(
+            everywhere
+                .check(&headers(&[
+                    ("host", "10.1.2.3:7000"),
+                    ("origin", "http://10.1.2.3:7000")
+                ]))
+                .is_ok()
+        );
+        assert!(
+            everywhere
+                .check(&headers(&[
+                    ("host", "10.1.2.3:7000"),
+                    ("origin", "http://evil.example")
+                ]))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn routes() {
+        assert!(matches!(route("/health"), Route::Health));
+        assert!(matches!(route("/mcp"), Route::Open));
+        assert!(matches!(route("/mcp/"), Route::Open));
+        assert!(matches!(route("/mcp/acme"), Route::Pinned("acme")));
+        assert!(matches!(route("/mcp/acme/"), Route::Pinned("acme")));
+        assert!(matches!(
+            route("/mcp/acme/health"),
+            Route::WorkspaceHealth("acme")
+        ));
+        assert!(matches!(route("/mcp/acme/other"), Route::Unknown));
+        assert!(matches!(route("/"), Route::Unknown));
+        assert!(matches!(route("/mcpx"), Route::Unknown));
+    }
+
+    #[test]
+    fn bind_addresses() {
+        let config = HttpConfig::default();
+        let none = HttpOverrides::default();
+        assert_eq!(
+            bind_address(&config, &none).expect("default").to_string(),
+            "127.0.0.1:0"
+        );
+        let over = HttpOverrides {
+            bind: Some("::1".into()),
+            port: Some(8080),
+            token_required: false,
+        };
+        assert_eq!(
+            bind_address(&config, &over).expect("v6").to_string(),
+            "[::1]:8080"
+        );
+        let bad = HttpOverrides {
+            bind: Some("example.com".into()),
+            ..HttpOverrides::default()
+        };
+        assert!(bind_address(&config, &bad).is_err());
+    }
+
+    #[test]
+    fn accept_is_completed_only_when_anything_goes() {
+        for (given, post, expected) in [
+            (None, true, Some("application/json, text/event-stream")),
+            (
+                Some("*/*"),
+                true,
+                Some("application/json, text/event-stream"),
+            ),
+            (Some("*/*"), false, Some("text/event-stream")),
+            (Some("application/json"), true, Some("application/json")),
+        ] {
+            let mut map = HeaderMap::new();
+            if let Some(value) = given {
+                map.insert(header::ACCEPT, HeaderValue::from_static(value));
+            }
+            lenient_accept(if post { Method::POST } else { Method::GET }, &mut map);
+            assert_eq!(
+                map.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
+                expected
+            );
+        }
+    }
+}

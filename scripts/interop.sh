@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Run real third-party MCP clients against alexandria: the official Python SDK and
+# TypeScript SDK over the stdio shim and over HTTP, and the official conformance
+# suite against /mcp/<slug>. Builds nothing: it expects target/debug/alexandria and
+# alexandriad (`cargo build --workspace`) and the clients from scripts/interop-setup.sh.
+# Prints one PASS/FAIL line per check and ends with `N passed, M failed`.
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="${CARGO_TARGET_DIR:-$root/target}/debug"
+python="$root/target/interop-venv/bin/python"
+interop="$root/tests/interop"
+node="$interop/node_modules/.bin/node"
+conformance="$interop/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+
+for needed in "$bin/alexandria" "$bin/alexandriad" "$python" "$node" "$conformance"; do
+    if [ ! -e "$needed" ]; then
+        echo "missing $needed: run \`cargo build --workspace\` and \`bash scripts/interop-setup.sh\` first" >&2
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+done
+
+home="$(mktemp -d /tmp/alx-interop.XXXXXX)"
+logs="$home/interop-logs"
+mkdir -p "$logs"
+export ALEXANDRIA_HOME="$home" ALEXANDRIAD="$bin/alexandriad"
+export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+unset ALEXANDRIA_LOG
+
+cleanup() {
+    "$bin/alexandria" daemon stop >/dev/null 2>&1
+    rm -rf "$home"
+}
+trap cleanup EXIT
+
+if ! "$bin/alexandria" daemon start --port 0 >"$logs/start.log" 2>&1; then
+    cat "$logs/start.log"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+printf '# Lighthouses\n\nThe Fresnel lens made lighthouses visible for miles.\n' >"$home/notes.md"
+"$bin/alexandria" ingest global "$home/notes.md" >/dev/null
+url="$("$bin/alexandria" daemon status --json | "$python" -c 'import json, sys; print(json.load(sys.stdin)["http"])')"
+echo "daemon at $url, home $home"
+
+passed=0
+failed=0
+check() {
+    local name="$1"
+    shift
+    local log="$logs/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').log"
+    if (cd "$interop" && timeout 180 "$@") >"$log" 2>&1; then
+        passed=$((passed + 1))
+        echo "PASS $name"
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name"
+        tail -n 25 "$log" | sed 's/^/    /'
+    fi
+}
+
+# The Python SDK's default mode probes server/discover (2026-07-28) and falls back to
+# initialize; legacy mode always initializes.
+for mode in "auto 2026-07-28" "legacy 2025-11-25"; do
+    set -- $mode
+    check "python $1 stdio pinned" "$python" python_client.py --stdio "$bin/alexandria" --workspace global --mode "$1" --expect "$2"
+    check "python $1 stdio open" "$python" python_client.py --stdio "$bin/alexandria" --mode "$1" --expect "$2"
+    check "python $1 http /mcp/global" "$python" python_client.py --url "$url/mcp/global" --workspace global --mode "$1" --expect "$2"
+    check "python $1 http /mcp" "$python" python_client.py --url "$url/mcp" --mode "$1" --expect "$2"
+done
+
+check "typescript stdio pinned" "$node" ts_client.mjs stdio "$bin/alexandria" global
+check "typescript stdio open" "$node" ts_client.mjs stdio "$bin/alexandria"
+check "typescript http /mcp/global" "$node" ts_client.mjs http "$url/mcp/global" global
+check "typescript http /mcp" "$node" ts_client.mjs http "$url/mcp"
+
+for scenario in server-initialize ping tools-list server-sse-multiple-streams dns-rebinding-protection; do
+    check "conformance $scenario /mcp/global" "$node" "$conformance" server --url "$url/mcp/global" --scenario "$scenario"
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,721 @@
+//! The Streamable HTTP transport against a real `alexandriad` on a free port: health,
+//! sessions scoped to their endpoint, DNS-rebinding checks, tokens and their limits.
+//!
+//! Requests are written by hand over a `TcpStream` so that every header (a forged
+//! `Host`, a missing `Accept`) is exactly what the test says.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use alexandria_tests::{alexandria, bin_path, isolate, short_tempdir};
+use serde_json::{Value, json};
+
+/// A daemon started for one test, killed when dropped.
+struct Daemon {
+    child: Child,
+    /// `127.0.0.1:port`
+    address: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run `alexandriad` with `args`; its first stdout line is the startup notice.
+fn start_daemon(home: &Path, args: &[&str]) -> Result<Daemon, String> {
+    let mut command = Command::new(bin_path("alexandriad"));
+    isolate(&mut command, home);
+    let mut child = command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn alexandriad");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the startup notice");
+    let notice: Value = serde_json::from_str(line.trim()).unwrap_or(Value::Null);
+    if notice["daemon"] != "ready" {
+        let _ = child.wait();
+        return Err(notice["message"].as_str().unwrap_or(&line).to_string());
+    }
+    let mut daemon = Daemon {
+        child,
+        address: String::new(),
+    };
+    let status = cli_json(home, &["daemon", "status", "--json"]);
+    let url = status["http"]
+        .as_str()
+        .expect("status reports the HTTP url");
+    daemon.address = url
+        .strip_prefix("http://")
+        .expect("http url")
+        .replace("0.0.0.0", "127.0.0.1");
+    Ok(daemon)
+}
+
+fn cli(home: &Path, args: &[&str]) -> std::process::Output {
+    alexandria(home)
+        .args(args)
+        .output()
+        .expect("run alexandria")
+}
+
+fn cli_json(home: &Path, args: &[&str]) -> Value {
+    let output = cli(home, args);
+    assert!(
+        output.status.success(),
+        "alexandria {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("json output")
+}
+
+fn mint(home: &Path, args: &[&str]) -> String {
+    let mut all = vec!["daemon", "auth", "token"];
+    all.extend_from_slice(args);
+    let output = cli(home, &all);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token = String::from_utf8(output.stdout).expect("utf8");
+    let token = token.trim().to_string();
+    assert_eq!(token.matches('.').count(), 2, "a JWT on stdout: {token}");
+    token
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The JSON-RPC message in a JSON body or in the SSE `data:` lines.
+    fn message(&self) -> Value {
+        if let Ok(value) = serde_json::from_str::<Value>(&self.body) {
+            return value;
+        }
+        self.body
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+            .find(|value| value.get("id").is_some())
+            .unwrap_or_else(|| panic!("no JSON-RPC message in {:?}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`. `Host` defaults to the address.
+fn http(address: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut request = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {address}\r\n"));
+    }
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read reply");
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("header block");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).expect("chunk size");
+        if size == 0 {
+            break;
+        }
+        body.push_str(&tail[..size]);
+        rest = &tail[size + 2..];
+    }
+    body
+}
+
+const MCP_ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
+const JSON: (&str, &str) = ("Content-Type", "application/json");
+
+fn initialize_body() -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "http-test", "version": "9.9"}
+    }})
+    .to_string()
+}
+
+/// Initialize on `path` and return the session id.
+fn open_session(address: &str, path: &str, auth: Option<&str>) -> String {
+    let bearer = auth.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![MCP_ACCEPT, JSON];
+    if let Some(bearer) = &bearer {
+        headers.push(("Authorization", bearer));
+    }
+    let reply = http(address, "POST", path, &headers, &initialize_body());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let message = reply.message();
+    assert_eq!(message["result"]["serverInfo"]["name"], "alexandria");
+    assert_eq!(message["result"]["protocolVersion"], "2025-11-25");
+    let session = reply
+        .header("mcp-session-id")
+        .expect("a session id")
+        .to_string();
+    let mut headers = vec![
+        MCP_ACCEPT,
+        JSON,
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    if let Some(bearer) = &bearer {
+        headers.push(("Authorization", bearer));
+    }
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
+    assert_eq!(
+        http(address, "POST", path, &headers, &initialized).status,
+        202
+    );
+    session
+}
+
+/// `tools/call` in a session; returns (HTTP status, JSON-RPC message or Null).
+fn call_tool(
+    address: &str,
+    path: &str,
+    session: &str,
+    auth: Option<&str>,
+    tool: &str,
+    arguments: Value,
+) -> (u16, Value) {
+    let bearer = auth.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![
+        MCP_ACCEPT,
+        JSON,
+        ("Mcp-Session-Id", session),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    if let Some(bearer) = &bearer {
+        headers.push(("Authorization", bearer));
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments}})
+    .to_string();
+    let reply = http(address, "POST", path, &headers, &body);
+    let message = if reply.status == 200 {
+        reply.message()
+    } else {
+        Value::Null
+    };
+    (reply.status, message)
+}
+
+fn seed(home: &Path) {
+    let notes = home.join("notes.md");
+    std::fs::write(
+        &notes,
+        "# Lighthouses\n\nThe Fresnel lens made lighthouses visible for miles.\n",
+    )
+    .expect("write notes");
+    let output = cli(home, &["ingest", "global", notes.to_str().expect("utf8")]);
+    assert!(output.status.success(), "{output:?}");
+    let output = cli(home, &["workspace", "create", "b"]);
+    assert!(output.status.success(), "{output:?}");
+}
+
+#[test]
+fn health_sessions_and_status() {
+    let home = short_tempdir();
+    let daemon = start_daemon(home.path(), &["--port", "0"]).expect("daemon starts");
+    let address = daemon.address.as_str();
+    seed(home.path());
+
+    let health = http(address, "GET", "/health", &[], "");
+    assert_eq!(health.status, 200);
+    let health: Value = serde_json::from_str(&health.body).expect("json");
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["tokens"], false);
+    assert_eq!(
+        http(address, "GET", "/mcp/global/health", &[], "").status,
+        200
+    );
+    assert_eq!(
+        http(address, "GET", "/mcp/nope/health", &[], "").status,
+        404
+    );
+    assert_eq!(
+        http(
+            address,
+            "POST",
+            "/mcp/nope",
+            &[MCP_ACCEPT, JSON],
+            &initialize_body()
+        )
+        .status,
+        404
+    );
+    assert_eq!(http(address, "GET", "/elsewhere", &[], "").status, 404);
+
+    // A pinned session: search defaults to the pin, another slug is refused.
+    let session = open_session(address, "/mcp/global", None);
+    let (status, message) = call_tool(
+        address,
+        "/mcp/global",
+        &session,
+        None,
+        "search",
+        json!({"query": "Fresnel"}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(message["result"]["isError"], false, "{message}");
+    assert!(
+        message["result"]["content"][0]["text"]
+            .as_str()
+            .expect("text")
+            .contains("notes.md")
+    );
+    let (_, message) = call_tool(
+        address,
+        "/mcp/global",
+        &session,
+        None,
+        "search",
+        json!({"query": "Fresnel", "workspace": "b"}),
+    );
+    assert_eq!(
+        message["result"]["structuredContent"]["error"]["code"],
+        "workspace_not_accessible"
+    );
+
+    // Sessions do not cross endpoints; unknown ones get 404 so clients re-initialize.
+    let (status, _) = call_tool(address, "/mcp", &session, None, "guide", json!({}));
+    assert_eq!(status, 404);
+    let (status, _) = call_tool(address, "/mcp/b", &session, None, "guide", json!({}));
+    assert_eq!(status, 404);
+    let (status, _) = call_tool(
+        address,
+        "/mcp/global",
+        "0123456789abcdef",
+        None,
+        "guide",
+        json!({}),
+    );
+    assert_eq!(status, 404);
+
+    // The live session is listed with its client; the call is in the jsonl log.
+    let status = cli_json(home.path(), &["mcp", "status", "--json"]);
+    let sessions = status["sessions"].as_array().expect("sessions");
+    let listed = sessions
+        .iter()
+        .find(|s| s["transport"] == "http")
+        .unwrap_or_else(|| panic!("an http session in {status}"));
+    assert_eq!(listed["client_name"], "http-test");
+    assert_eq!(listed["binding"], "pinned");
+    assert_eq!(listed["workspace"], "global");
+    assert_eq!(listed["calls"], 2);
+    assert!(
+        status["http"]
+            .as_str()
+            .expect("url")
+            .starts_with("http://127.0.0.1:")
+    );
+    let logs: String = std::fs::read_dir(home.path().join("logs"))
+        .expect("logs dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("mcp-"))
+        .map(|e| std::fs::read_to_string(e.path()).expect("log"))
+        .collect();
+    let line: Value = logs
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("json line"))
+        .find(|l| l["transport"] == "http" && l["tool"] == "search")
+        .unwrap_or_else(|| panic!("an http search line in {logs}"));
+    assert_eq!(line["workspace"], "global");
+    assert_eq!(line["result"], "ok");
+    assert!(
+        !logs.contains("Fresnel"),
+        "arguments are hashed, not logged"
+    );
+
+    // DELETE ends the session: it leaves `mcp status` and its id is then unknown.
+    let deleted = http(
+        address,
+        "DELETE",
+        "/mcp/global",
+        &[
+            ("Mcp-Session-Id", session.as_str()),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        "",
+    );
+    assert_eq!(deleted.status, 204);
+    let (status, _) = call_tool(address, "/mcp/global", &session, None, "guide", json!({}));
+    assert_eq!(status, 404);
+    let again = http(
+        address,
+        "DELETE",
+        "/mcp/global",
+        &[("Mcp-Session-Id", session.as_str())],
+        "",
+    );
+    assert_eq!(again.status, 404);
+    let mut remaining = usize::MAX;
+    for _ in 0..100 {
+        let status = cli_json(home.path(), &["mcp", "status", "--json"]);
+        remaining = status["sessions"]
+            .as_array()
+            .map_or(0, |s| s.iter().filter(|s| s["transport"] == "http").count());
+        if remaining == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(remaining, 0, "the deleted session is unlisted");
+}
+
+#[test]
+fn lenient_accept_and_open_mode() {
+    let home = short_tempdir();
+    let daemon = start_daemon(home.path(), &["--port", "0"]).expect("daemon starts");
+    let address = daemon.address.as_str();
+    // No Accept header at all: served rather than 406.
+    let reply = http(address, "POST", "/mcp", &[JSON], &initialize_body());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let session = reply.header("mcp-session-id").expect("session").to_string();
+    let (_, message) = call_tool(
+        address,
+        "/mcp",
+        &session,
+        None,
+        "search",
+        json!({"query": "x"}),
+    );
+    assert_eq!(
+        message["result"]["structuredContent"]["error"]["code"],
+        "workspace_required"
+    );
+    // An explicit JSON-only Accept is honoured: rmcp answers with SSE, so 406.
+    let reply = http(
+        address,
+        "POST",
+        "/mcp",
+        &[("Accept", "application/json"), JSON],
+        &initialize_body(),
+    );
+    assert_eq!(reply.status, 406);
+}
+
+#[test]
+fn dns_rebinding_is_refused() {
+    let home = short_tempdir();
+    let daemon = start_daemon(home.path(), &["--port", "0"]).expect("daemon starts");
+    let address = daemon.address.as_str();
+    let port = address.rsplit(':').next().expect("port");
+    let evil_host = format!("evil.example:{port}");
+    let localhost = format!("localhost:{port}");
+    for path in ["/health", "/mcp", "/mcp/global", "/mcp/global/health"] {
+        let method = if path.ends_with("health") {
+            "GET"
+        } else {
+            "POST"
+        };
+        let body = if method == "POST" {
+            initialize_body()
+        } else {
+            String::new()
+        };
+        let evil = http(
+            address,
+            method,
+            path,
+            &[("Host", &evil_host), MCP_ACCEPT, JSON],
+            &body,
+        );
+        assert_eq!(evil.status, 403, "evil Host on {path}");
+        let evil = http(
+            address,
+            method,
+            path,
+            &[("Origin", "http://evil.example"), MCP_ACCEPT, JSON],
+            &body,
+        );
+        assert_eq!(evil.status, 403, "evil Origin on {path}");
+        let good = http(
+            address,
+            method,
+            path,
+            &[
+                ("Host", &localhost),
+                ("Origin", "http://localhost:6274"),
+                MCP_ACCEPT,
+                JSON,
+            ],
+            &body,
+        );
+        assert_eq!(good.status, 200, "local Origin on {path}: {}", good.body);
+    }
+}
+
+#[test]
+fn tokens_limit_workspaces_and_revoke() {
+    let home = short_tempdir();
+    let daemon = start_daemon(home.path(), &["--port", "0"]).expect("daemon starts");
+    let address = daemon.address.as_str();
+    seed(home.path());
+    let limited = mint(home.path(), &["--workspace", "global", "--ttl", "1h"]);
+    let full = mint(home.path(), &[]);
+    let limited_bearer = format!("Bearer {limited}");
+    let full_bearer = format!("Bearer {full}");
+
+    // Tokens are on: no token or a bad one gets 401 with a Bearer challenge.
+    let missing = http(
+        address,
+        "POST",
+        "/mcp",
+        &[MCP_ACCEPT, JSON],
+        &initialize_body(),
+    );
+    assert_eq!(missing.status, 401);
+    assert!(
+        missing
+            .header("www-authenticate")
+            .expect("challenge")
+            .starts_with("Bearer ")
+    );
+    let forged = format!("Bearer {}x", &full[..full.len() - 1]);
+    let bad = http(
+        address,
+        "GET",
+        "/mcp/global/health",
+        &[("Authorization", &forged)],
+        "",
+    );
+    assert_eq!(bad.status, 401);
+    assert!(
+        bad.header("www-authenticate")
+            .expect("challenge")
+            .contains("invalid_token")
+    );
+    assert_eq!(http(address, "GET", "/health", &[], "").status, 200);
+    assert_eq!(
+        http(
+            address,
+            "GET",
+            "/mcp/global/health",
+            &[("Authorization", &limited_bearer)],
+            ""
+        )
+        .status,
+        200
+    );
+
+    // The global-only token cannot reach /mcp/b …
+    assert_eq!(
+        http(
+            address,
+            "GET",
+            "/mcp/b/health",
+            &[("Authorization", &limited_bearer)],
+            ""
+        )
+        .status,
+        403
+    );
+    let denied = http(
+        address,
+        "POST",
+        "/mcp/b",
+        &[MCP_ACCEPT, JSON, ("Authorization", &limited_bearer)],
+        &initialize_body(),
+    );
+    assert_eq!(denied.status, 403);
+    // … nor workspace "b" through the open endpoint, which it sees pinned to global.
+    let session = open_session(address, "/mcp", Some(&limited));
+    let (_, message) = call_tool(
+        address,
+        "/mcp",
+        &session,
+        Some(&limited),
+        "search",
+        json!({"query": "Fresnel", "workspace": "b"}),
+    );
+    assert_eq!(
+        message["result"]["structuredContent"]["error"]["code"], "workspace_not_accessible",
+        "{message}"
+    );
+    let (_, message) = call_tool(
+        address,
+        "/mcp",
+        &session,
+        Some(&limited),
+        "guide",
+        json!({}),
+    );
+    let guide = message["result"]["content"][0]["text"]
+        .as_str()
+        .expect("text");
+    assert!(
+        guide.contains("Workspace 'global' (pinned session)"),
+        "only the pinned workspace: {guide}"
+    );
+
+    // The unrestricted token reaches b.
+    let session_b = open_session(address, "/mcp/b", Some(&full));
+    let (status, _) = call_tool(
+        address,
+        "/mcp/b",
+        &session_b,
+        Some(&full),
+        "guide",
+        json!({}),
+    );
+    assert_eq!(status, 200);
+    // A session opened with one token cannot be used with the other's scope.
+    let (status, _) = call_tool(
+        address,
+        "/mcp",
+        &session_b,
+        Some(&limited),
+        "guide",
+        json!({}),
+    );
+    assert_eq!(status, 404);
+
+    // Revocation invalidates both, immediately, even inside a live session.
+    let revoked = cli(home.path(), &["daemon", "auth", "revoke"]);
+    assert!(revoked.status.success());
+    let (status, _) = call_tool(
+        address,
+        "/mcp/b",
+        &session_b,
+        Some(&full),
+        "guide",
+        json!({}),
+    );
+    assert_eq!(status, 401);
+    assert_eq!(
+        http(
+            address,
+            "GET",
+            "/mcp/global/health",
+            &[("Authorization", &limited_bearer)],
+            ""
+        )
+        .status,
+        401
+    );
+    assert_eq!(
+        http(
+            address,
+            "GET",
+            "/mcp/global/health",
+            &[("Authorization", &full_bearer)],
+            ""
+        )
+        .status,
+        401
+    );
+    // Tokens stay on after a restart.
+    drop(daemon);
+    let daemon = start_daemon(home.path(), &["--port", "0"]).expect("restart");
+    assert_eq!(
+        http(&daemon.address, "GET", "/mcp/global/health", &[], "").status,
+        401
+    );
+    let fresh = format!("Bearer {}", mint(home.path(), &[]));
+    assert_eq!(
+        http(
+            &daemon.address,
+            "GET",
+            "/mcp/global/health",
+            &[("Authorization", &fresh)],
+            ""
+        )
+        .status,
+        200
+    );
+}
+
+#[test]
+fn non_loopback_bind_needs_tokens() {
+    let home = short_tempdir();
+    let refused = start_daemon(home.path(), &["--bind", "0.0.0.0", "--port", "0"])
+        .err()
+        .expect("refuses to start");
+    assert!(refused.contains("without tokens"), "{refused}");
+    // Through the CLI too, with the reason shown.
+    let output = cli(
+        home.path(),
+        &["daemon", "start", "--bind", "0.0.0.0", "--port", "0"],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--token-required"), "{stderr}");
+
+    let daemon = start_daemon(
+        home.path(),
+        &["--bind", "0.0.0.0", "--port", "0", "--token-required"],
+    )
+    .expect("starts with tokens required");
+    let status = cli_json(home.path(), &["daemon", "status", "--json"]);
+    assert!(
+        status["http"]
+            .as_str()
+            .expect("url")
+            .starts_with("http://0.0.0.0:")
+    );
+    assert_eq!(status["http_tokens"], true);
+    assert_eq!(
+        http(&daemon.address, "GET", "/mcp/global/health", &[], "").status,
+        401
+    );
+}
