@@ -344,22 +344,21 @@ fn commit_paths(
     paths: &[String],
     message: &str,
 ) -> Result<(), git2::Error> {
-    let repo = git2::Repository::open(store.workspace_dir(workspace))?;
-    let mut index = repo.index()?;
+    let root = store.workspace_dir(workspace);
+    let state = store.state(workspace);
+    state.with_repo(&root, |repo| {
+        let changes: Vec<crate::git::Change<'_>> = paths
+            .iter()
+            .map(|path| crate::git::Change {
+                path,
+                present: true,
+            })
+            .collect();
+        let author = git2::Signature::now("alexandria", "alexandria@localhost")?;
+        crate::git::commit_changes(repo, &root, &changes, message, &author)
+    })?;
     for path in paths {
-        index.add_path(Path::new(path))?;
+        state.index_pending(path);
     }
-    index.write()?;
-    let tree = repo.find_tree(index.write_tree()?)?;
-    let signature = git2::Signature::now("alexandria", "alexandria@localhost")?;
-    let parent = repo.head()?.peel_to_commit()?;
-    repo.commit(
-        Some("HEAD"),
-        &signature,
-        &signature,
-        message,
-        &tree,
-        &[&parent],
-    )?;
     Ok(())
 }

@@ -109,6 +109,7 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     );
     tokio::spawn(keep_index_current(Arc::clone(&context)));
     tokio::spawn(prune_call_logs(Arc::clone(&context)));
+    tokio::spawn(sync_git_indexes(Arc::clone(&context)));
     let signals = tokio::spawn(wait_for_signal(Arc::clone(&context)));
     let http_server = http_listener.map(|listener| {
         let context = Arc::clone(&context);
@@ -119,6 +120,8 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     });
     socket::serve(listener, Arc::clone(&context)).await;
     signals.abort();
+    let store = Arc::clone(&context.store);
+    let _ = tokio::task::spawn_blocking(move || store.sync_git_indexes()).await;
     if let Some(mut server) = http_server
         && tokio::time::timeout(HTTP_SHUTDOWN_GRACE, &mut server)
             .await
@@ -323,6 +326,17 @@ async fn wait_for_signal(context: Arc<DaemonContext>) {
         _ = int.recv() => tracing::info!("SIGINT"),
     }
     context.shutdown();
+}
+
+/// Bring git's index up to date with recent commits, twice a second (see `git.rs`).
+async fn sync_git_indexes(context: Arc<DaemonContext>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let store = Arc::clone(&context.store);
+        if let Err(error) = tokio::task::spawn_blocking(move || store.sync_git_indexes()).await {
+            tracing::error!(%error, "git index sync panicked");
+        }
+    }
 }
 
 /// Catch up with the disk at start, then watch for outside edits.

@@ -113,15 +113,17 @@ CREATE INDEX subscription_pending ON subscription_items(workspace, ingested_at);
 "#];
 
 /// Open the pool on `path`, creating the file, and apply pending migrations.
-pub fn open(path: &Path) -> Result<Pool, DbError> {
-    let manager = SqliteConnectionManager::file(path).with_init(|connection| {
+/// `busy_timeout` is how long a statement waits for a lock held by another
+/// connection (or another process) before failing with `SQLITE_BUSY`.
+pub fn open(path: &Path, busy_timeout: Duration) -> Result<Pool, DbError> {
+    let manager = SqliteConnectionManager::file(path).with_init(move |connection| {
         connection.execute_batch(
             "PRAGMA journal_mode = WAL;
              PRAGMA synchronous = NORMAL;
              PRAGMA foreign_keys = ON;
              PRAGMA temp_store = MEMORY;",
         )?;
-        connection.busy_timeout(Duration::from_secs(10))
+        connection.busy_timeout(busy_timeout)
     });
     let pool = r2d2::Pool::builder()
         .max_size(8)
@@ -167,7 +169,7 @@ mod tests {
     #[test]
     fn migrations_apply_once_and_fts5_works() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let pool = open(&dir.path().join("state.db")).expect("open");
+        let pool = open(&dir.path().join("state.db"), Duration::from_secs(1)).expect("open");
         let mut connection = pool.get().expect("conn");
         migrate(&mut connection).expect("second migrate is a no-op");
         let version: i64 = connection

@@ -88,6 +88,27 @@ impl std::error::Error for ToolError {}
 
 impl From<rusqlite::Error> for ToolError {
     fn from(error: rusqlite::Error) -> ToolError {
+        if let rusqlite::Error::SqliteFailure(e, _) = &error
+            && matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            )
+        {
+            return ToolError::new(
+                ErrorCode::WorkspaceBusy,
+                format!("alexandria's state.db is locked by another process: {error}"),
+                "retry in a moment; if it persists, close whatever has state.db open (only alexandriad should)",
+            );
+        }
+        if let rusqlite::Error::SqliteFailure(e, _) = &error
+            && e.code == rusqlite::ErrorCode::DiskFull
+        {
+            return ToolError::new(
+                ErrorCode::TooLarge,
+                format!("the disk is full: {error}"),
+                "free disk space, then retry; nothing was changed",
+            );
+        }
         ToolError::internal("database", error)
     }
 }

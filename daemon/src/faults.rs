@@ -54,6 +54,7 @@ pub fn delay_for(tool: &str) -> Option<Duration> {
 
 /// Abort the process here if a test asked for a crash at `point`.
 pub fn crash_point(point: &str) {
+    tracing::trace!(point, "write step");
     if faults().crashes.iter().any(|p| p == point) {
         tracing::error!(point, "injected crash");
         // SIGKILL, like `kill -9`: no unwinding, no destructors, no core dump.

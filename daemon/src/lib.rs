@@ -13,6 +13,7 @@ pub mod db;
 pub mod error;
 pub mod extract;
 pub mod faults;
+pub mod git;
 pub mod http;
 pub mod index;
 pub mod markdown;

@@ -54,9 +54,22 @@ pub struct WorkspaceState {
     pub caught_up: std::sync::atomic::AtomicBool,
     /// The workspace's repository, opened once (opening re-reads git's config files).
     repo: Mutex<Option<git2::Repository>>,
+    /// Paths committed but not yet updated in git's index file (see `git.rs`).
+    pending_index: Mutex<Vec<String>>,
 }
 
 impl WorkspaceState {
+    pub fn index_pending(&self, path: &str) {
+        self.pending_index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(path.to_string());
+    }
+
+    pub fn take_index_pending(&self) -> Vec<String> {
+        std::mem::take(&mut *self.pending_index.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Run `f` with the workspace's open repository.
     pub fn with_repo<T>(
         &self,
@@ -91,7 +104,8 @@ impl Store {
     pub fn open(home: Home) -> Result<Arc<Store>, StoreError> {
         ensure_layout(&home)?;
         let config = Config::load(&home.config_file())?;
-        let pool = db::open(&home.state_db())?;
+        let busy = std::time::Duration::from_secs_f64(config.write.lock_timeout_secs.max(0.1));
+        let pool = db::open(&home.state_db(), busy)?;
         let store = Arc::new(Store {
             home,
             config,
@@ -116,6 +130,42 @@ impl Store {
     pub fn state(&self, slug: &str) -> Arc<WorkspaceState> {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(states.entry(slug.to_string()).or_default())
+    }
+
+    /// Bring git's index file up to date with the commits made since the last call,
+    /// for every workspace (under each workspace's lock).
+    pub fn sync_git_indexes(&self) {
+        let states: Vec<(String, Arc<WorkspaceState>)> = self
+            .states
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(slug, state)| (slug.clone(), Arc::clone(state)))
+            .collect();
+        for (slug, state) in states {
+            let root = self.workspace_dir(&slug);
+            let Ok(_lock) = state.lock.acquire(
+                &root.join(".lock"),
+                "git-index-sync",
+                std::time::Duration::from_millis(200),
+            ) else {
+                continue; // busy writing: next round
+            };
+            let mut paths = state.take_index_pending();
+            if paths.is_empty() {
+                continue;
+            }
+            paths.sort();
+            paths.dedup();
+            if let Err(error) =
+                state.with_repo(&root, |repo| crate::git::sync_index(repo, &root, &paths))
+            {
+                tracing::warn!(workspace = %slug, %error, "cannot update git's index");
+                for path in paths {
+                    state.index_pending(&path);
+                }
+            }
+        }
     }
 
     /// Slugs of every workspace (directories under `workspaces/` holding a git repo).
