@@ -2,8 +2,9 @@
 //! (never set it in production). A comma-separated list of:
 //! - `delay:<tool>:<ms>`: sleep before running `<tool>`, so a test can act while a call
 //!   is in flight (for example kill the daemon).
-//! - `crash:<point>`: abort the process when execution reaches `<point>` (used by the
+//! - `crash:<point>`: kill the process when execution reaches `<point>` (used by the
 //!   write path's crash-safety tests).
+//! - `panic:<tool>`: panic inside `<tool>` (the daemon must survive it).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -14,6 +15,7 @@ pub const FAULTS_ENV: &str = "ALEXANDRIA_FAULTS";
 pub struct Faults {
     delays: Vec<(String, Duration)>,
     crashes: Vec<String>,
+    panics: Vec<String>,
 }
 
 fn faults() -> &'static Faults {
@@ -34,6 +36,7 @@ fn parse(spec: &str) -> Faults {
                 }
             }
             ["crash", point] => faults.crashes.push(point.to_string()),
+            ["panic", tool] => faults.panics.push(tool.to_string()),
             _ => tracing::warn!(item, "ignoring unknown fault"),
         }
     }
@@ -50,6 +53,13 @@ pub fn delay_for(tool: &str) -> Option<Duration> {
         .iter()
         .find(|(name, _)| name == tool)
         .map(|(_, delay)| *delay)
+}
+
+/// Panic here if a test asked for a panic in `tool`.
+pub fn panic_point(tool: &str) {
+    if faults().panics.iter().any(|t| t == tool) {
+        panic!("injected panic in {tool}");
+    }
 }
 
 /// Abort the process here if a test asked for a crash at `point`.

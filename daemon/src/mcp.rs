@@ -153,6 +153,7 @@ pub fn dispatch(
     tool: &str,
     arguments: Value,
 ) -> Result<ToolOutput, ToolError> {
+    crate::faults::panic_point(tool);
     match tool {
         "guide" => tools::guide(store, binding, parse(tool, arguments)?),
         "search" => tools::search(store, binding, parse(tool, arguments)?),

@@ -668,3 +668,19 @@ fn a_foreground_daemon_takes_over_from_a_spawned_one() {
     let _ = foreground.kill();
     let _ = foreground.wait();
 }
+
+#[tokio::test]
+async fn a_panic_in_a_tool_is_an_error_and_the_daemon_goes_on() -> anyhow::Result<()> {
+    let env = Env::with_faults("panic:search");
+    env.ok(&["init"]);
+    let pid = env.daemon_pid().expect("pid");
+    let client = env.client(Some("global")).await?;
+    let result = call(&client, "search", json!({"query": "anything"})).await?;
+    assert_eq!(error_code(&result), Some("internal"), "{result}");
+    let guide = call(&client, "guide", json!({})).await?;
+    assert!(error_code(&guide).is_none(), "{guide}");
+    assert_eq!(env.daemon_pid(), Some(pid));
+    assert!(process_alive(pid));
+    client.cancel().await?;
+    Ok(())
+}
