@@ -270,11 +270,28 @@ fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// The manifest of each state goes to its own file (`run.json`, then `prepared.json`):
+/// replacing a file by rename makes ext4 flush it first (auto_da_alloc), a few ms.
+fn manifest_file(dir: &Path, state: RunState) -> PathBuf {
+    match state {
+        RunState::Staged => dir.join("run.json"),
+        RunState::Prepared => dir.join("prepared.json"),
+    }
+}
+
 fn save_manifest(dir: &Path, manifest: &Manifest) -> ToolResult<()> {
     let bytes =
         serde_json::to_vec_pretty(manifest).map_err(|e| ToolError::internal("manifest", e))?;
-    write_durably(&dir.join("run.json"), &bytes)
-        .map_err(|e| ToolError::internal("writing the run manifest", e))
+    write_durably(&manifest_file(dir, manifest.state), &bytes)
+        .map_err(|e| io_error("writing the run manifest", e))
+}
+
+/// The latest manifest of a run directory.
+fn load_manifest(dir: &Path) -> Option<Manifest> {
+    [RunState::Prepared, RunState::Staged]
+        .into_iter()
+        .find_map(|state| fs::read(manifest_file(dir, state)).ok())
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
 }
 
 fn io_error(context: &str, error: std::io::Error) -> ToolError {
@@ -674,11 +691,8 @@ struct RunDirCleanup(PathBuf);
 
 impl Drop for RunDirCleanup {
     fn drop(&mut self) {
-        let prepared = fs::read(self.0.join("run.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
-            .is_some_and(|m| m.state == RunState::Prepared);
-        if !prepared || !self.0.join("run.json").exists() {
+        let prepared = load_manifest(&self.0).is_some_and(|m| m.state == RunState::Prepared);
+        if !prepared {
             let _ = fs::remove_dir_all(&self.0);
         }
     }
@@ -934,9 +948,7 @@ pub fn recover(store: &Arc<Store>) -> Vec<String> {
             .collect();
         dirs.sort();
         for dir in dirs {
-            let manifest = fs::read(dir.join("run.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok());
+            let manifest = load_manifest(&dir);
             match manifest {
                 Some(manifest) if manifest.state == RunState::Prepared => {
                     match complete_or_roll_back(store, &manifest) {
