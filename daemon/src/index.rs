@@ -335,13 +335,22 @@ pub struct SearchQuery<'a> {
 /// Ranked full-text search. Returns the hits and whether more follow.
 pub fn search(connection: &Connection, query: &SearchQuery<'_>) -> ToolResult<(Vec<Hit>, bool)> {
     let fts = fts_query(query.query)?;
-    let sql = "SELECT f.path, f.layer, f.kind, chunks.page, chunks.heading,
-                      snippet(chunks, 2, '**', '**', '…', 24), bm25(chunks)
+    // Two steps: rank every match (bm25 only), then read page, heading and snippet
+    // for the hits returned. A snippet re-reads and re-tokenizes its chunk, so
+    // computing it in the ranking query cost one per match, not one per hit: 0.75 s
+    // for a word in 28k chunks. Without a glob to check here, SQL stops after the
+    // last hit needed.
+    let sql = "SELECT chunks.rowid, f.path, f.layer, f.kind, bm25(chunks)
                FROM chunks JOIN files f ON f.id = (chunks.rowid >> 20)
                WHERE chunks MATCH ?1 AND f.workspace = ?2
                  AND (?3 IS NULL OR f.layer = ?3)
                  AND (?4 IS NULL OR f.path GLOB ?4)
-               ORDER BY bm25(chunks)";
+               ORDER BY bm25(chunks)
+               LIMIT ?5";
+    let sql_limit = match query.scope {
+        Some(_) => -1,
+        None => (query.offset + query.limit + 1) as i64,
+    };
     let mut statement = connection
         .prepare_cached(sql)
         .map_err(|e| query_error(query.query, e))?;
@@ -350,14 +359,15 @@ pub fn search(connection: &Connection, query: &SearchQuery<'_>) -> ToolResult<(V
             fts,
             query.workspace,
             query.layer.map(Layer::as_str),
-            query.scope_sql
+            query.scope_sql,
+            sql_limit
         ])
         .map_err(|e| query_error(query.query, e))?;
-    let mut hits = Vec::new();
+    let mut ranked = Vec::new();
     let mut skipped = 0;
     let mut more = false;
     while let Some(row) = rows.next().map_err(|e| query_error(query.query, e))? {
-        let path: String = row.get(0)?;
+        let path: String = row.get(1)?;
         if let Some(scope) = query.scope
             && !scope.is_match(&path)
         {
@@ -367,18 +377,42 @@ pub fn search(connection: &Connection, query: &SearchQuery<'_>) -> ToolResult<(V
             skipped += 1;
             continue;
         }
-        if hits.len() == query.limit {
+        if ranked.len() == query.limit {
             more = true;
             break;
         }
+        let rowid: i64 = row.get(0)?;
+        let layer: String = row.get(2)?;
+        let kind: String = row.get(3)?;
+        let score: f64 = row.get(4)?;
+        ranked.push((rowid, path, layer, kind, score));
+    }
+    drop(rows);
+    let mut detail = connection
+        .prepare_cached(
+            "SELECT page, heading, snippet(chunks, 2, '**', '**', '…', 24)
+             FROM chunks WHERE chunks MATCH ?1 AND rowid = ?2",
+        )
+        .map_err(|e| query_error(query.query, e))?;
+    let mut hits = Vec::with_capacity(ranked.len());
+    for (rowid, path, layer, kind, score) in ranked {
+        let (page, heading, snippet) = detail
+            .query_row(params![fts, rowid], |row| {
+                Ok((
+                    row.get::<_, Option<i64>>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| query_error(query.query, e))?;
         hits.push(Hit {
             path,
-            layer: row.get(1)?,
-            kind: row.get(2)?,
-            page: row.get(3)?,
-            heading: row.get::<_, Option<String>>(4)?.unwrap_or_default(),
-            snippet: row.get::<_, String>(5)?.trim().to_string(),
-            score: -row.get::<_, f64>(6)?,
+            layer,
+            kind,
+            page,
+            heading: heading.unwrap_or_default(),
+            snippet: snippet.trim().to_string(),
+            score: -score,
         });
     }
     Ok((hits, more))
@@ -561,5 +595,52 @@ mod tests {
             ..bad
         };
         assert!(search(&connection, &query).expect("search").0.is_empty());
+    }
+
+    #[test]
+    fn search_pages_through_ranked_hits_with_snippets() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(alexandria_proto::Home::new(dir.path())).expect("store");
+        let wiki = store.workspace_dir("global").join("wiki");
+        std::fs::create_dir_all(wiki.join("sub")).expect("mkdir");
+        for (name, text) in [
+            ("a.md", "# A\n\nwombat wombat wombat\n"),
+            ("b.md", "# B\n\nwombat and more words here\n"),
+            ("sub/c.md", "# C\n\none wombat among many many other words\n"),
+        ] {
+            std::fs::write(wiki.join(name), text).expect("write");
+        }
+        catch_up(&store, "global").expect("catch up");
+        let connection = store.pool.get().expect("conn");
+        let scoped = globset::GlobBuilder::new("wiki/sub/**")
+            .literal_separator(true)
+            .build()
+            .expect("glob")
+            .compile_matcher();
+        // (offset, limit, scope, expected paths, more)
+        let cases: &[(usize, usize, bool, &[&str], bool)] = &[
+            (0, 10, false, &["wiki/a.md", "wiki/b.md", "wiki/sub/c.md"], false),
+            (0, 1, false, &["wiki/a.md"], true),
+            (1, 1, false, &["wiki/b.md"], true),
+            (2, 1, false, &["wiki/sub/c.md"], false),
+            (3, 1, false, &[], false),
+            (0, 10, true, &["wiki/sub/c.md"], false),
+        ];
+        for (offset, limit, scope, expected, more) in cases {
+            let query = SearchQuery {
+                workspace: "global",
+                query: "wombat",
+                layer: None,
+                scope: scope.then_some(&scoped),
+                scope_sql: scope.then(|| "wiki/sub/*".to_string()),
+                limit: *limit,
+                offset: *offset,
+            };
+            let (hits, has_more) = search(&connection, &query).expect("search");
+            let paths: Vec<&str> = hits.iter().map(|h| h.path.as_str()).collect();
+            assert_eq!(&paths, expected, "offset {offset} limit {limit}");
+            assert_eq!(has_more, *more, "offset {offset} limit {limit}");
+            assert!(hits.iter().all(|h| h.snippet.contains("**wombat**")));
+        }
     }
 }
