@@ -461,17 +461,25 @@ pub fn fts_query(query: &str) -> ToolResult<String> {
     Ok(terms.join(" "))
 }
 
-/// Files of a workspace whose path matches `scope`, sorted by path.
+/// Files of a workspace whose path matches `scope`, sorted by path. `scope_sql` is a
+/// SQLite GLOB matching a superset of `scope`: its literal prefix turns the scan of
+/// every file of the workspace into a range of the (workspace, path) index.
 pub fn list(
     connection: &Connection,
     workspace: &str,
     layer: Option<Layer>,
     scope: Option<&GlobMatcher>,
+    scope_sql: Option<&str>,
 ) -> ToolResult<Vec<FileRecord>> {
     let mut statement = connection.prepare_cached(&format!(
-        "SELECT {FILE_COLUMNS} FROM files WHERE workspace = ?1 AND (?2 IS NULL OR layer = ?2) ORDER BY path"
+        "SELECT {FILE_COLUMNS} FROM files WHERE workspace = ?1 AND (?2 IS NULL OR layer = ?2){} ORDER BY path",
+        if scope_sql.is_some() { " AND path GLOB ?3" } else { "" }
     ))?;
-    let rows = statement.query_map(params![workspace, layer.map(Layer::as_str)], file_from_row)?;
+    let layer = layer.map(Layer::as_str);
+    let rows = match scope_sql {
+        Some(glob) => statement.query_map(params![workspace, layer, glob], file_from_row)?,
+        None => statement.query_map(params![workspace, layer], file_from_row)?,
+    };
     let mut files = Vec::new();
     for row in rows {
         let record = row?;
