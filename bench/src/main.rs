@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use alexandria_bench::corpus;
 use alexandria_bench::machine::Machine;
 use alexandria_bench::procs::Binaries;
 use alexandria_bench::report;
@@ -37,6 +38,10 @@ struct Args {
     /// Concurrent writer counts, comma-separated
     #[arg(long, default_value = "1,4,8", value_delimiter = ',')]
     writers: Vec<usize>,
+    /// Only generate the corpus of the first size into this workspace directory
+    /// (its raw/ and wiki/), then exit: for profiling by hand
+    #[arg(long, value_name = "WORKSPACE_DIR")]
+    generate_only: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -69,6 +74,17 @@ fn run_main() -> Result<()> {
         seed: args.seed,
         writers: args.writers.into_iter().filter(|w| *w > 0).collect(),
     };
+    if let Some(workspace) = &args.generate_only {
+        let pages = settings.sizes.first().copied().unwrap_or(1000);
+        let corpus = corpus::generate(settings.seed, pages, workspace)?;
+        eprintln!(
+            "alexandria-bench: wrote {} pages ({} bytes) into {}",
+            corpus.pages,
+            corpus.bytes,
+            workspace.display()
+        );
+        return Ok(());
+    }
     let binaries = Binaries::locate(args.bin_dir.as_deref())?;
     let machine = Machine::describe(std::path::Path::new("/tmp"));
     let command = std::env::args().collect::<Vec<_>>().join(" ");

@@ -17,7 +17,7 @@ use crate::client::{Echo, Http, Mcp, Shim};
 use crate::corpus::{self, Corpus};
 use crate::procs::{self, Binaries, Home};
 use crate::report::{Figure, Row, Target, mib};
-use crate::stats::{Plan, Summary, format_duration, measure};
+use crate::stats::{Plan, Summary, format_duration, measure, measure_interleaved};
 
 /// The workspace every measurement uses.
 pub const SLUG: &str = "bench";
@@ -132,27 +132,25 @@ fn transport_and_start(settings: &Settings, binaries: &Binaries, out: &mut Outco
     home.cli(&["init"])?;
     home.cli(&["workspace", "create", SLUG])?;
 
+    // Round-robin, so that the machine's noise hits the three alike.
     let echo = Echo::start(&home.root.with_file_name("echo.sock"))?;
     let mut channel = echo.connect()?;
-    let echo_ping = measure(settings.ping_plan(), |_| {
-        channel.round_trip("ping", json!({}), true)?;
-        Ok(None)
-    })?;
+    let mut direct = home.direct(SLUG)?;
+    let mut shim = home.shim(SLUG)?;
+    let summaries = measure_interleaved(
+        settings.ping_plan(),
+        &mut [
+            &mut || channel.round_trip("ping", json!({}), true).map(drop),
+            &mut || direct.ping(),
+            &mut || shim.ping(),
+        ],
+    )?;
+    let [echo_ping, direct_ping, shim_ping] = summaries[..] else {
+        bail!("expected three summaries");
+    };
     drop(channel);
     echo.join();
-
-    let mut direct = home.direct(SLUG)?;
-    let direct_ping = measure(settings.ping_plan(), |_| {
-        direct.ping()?;
-        Ok(None)
-    })?;
     drop(direct);
-
-    let mut shim = home.shim(SLUG)?;
-    let shim_ping = measure(settings.ping_plan(), |_| {
-        shim.ping()?;
-        Ok(None)
-    })?;
     shim.call_tool("guide", json!({}))?;
     shim.call_tool("search", json!({"query": "wiki"}))?;
     let (shim_rss, shim_peak) = procs::memory(shim.pid())?;
@@ -371,6 +369,7 @@ fn corpus_size(
         .daemon_pid()
         .ok_or_else(|| anyhow!("the daemon wrote no pidfile"))?;
     let (rss, _) = procs::memory(pid)?;
+    let index_cpu = procs::cpu_time(pid)?;
     let started = Instant::now();
     let mut bytes = 0u64;
     for path in &corpus.page_paths {
@@ -388,9 +387,10 @@ fn corpus_size(
         )
         .floor("read all pages", read_all)
         .note(format!(
-            "{pages} pages, {} MiB of markdown; ready notice after {}",
+            "{pages} pages, {} MiB of markdown; ready notice after {}; daemon CPU time {}",
             bytes / (1024 * 1024),
-            format_duration(ready)
+            format_duration(ready),
+            format_duration(index_cpu)
         )),
     );
     out.rows.push(Row::new(

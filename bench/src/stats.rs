@@ -75,6 +75,35 @@ pub fn measure(
     Summary::of(&mut samples).ok_or_else(|| anyhow::anyhow!("no samples were taken"))
 }
 
+/// Time several steps round-robin (one of each per round), so that a noisy
+/// neighbour slows them alike and their difference stays meaningful.
+pub fn measure_interleaved(
+    plan: Plan,
+    steps: &mut [&mut dyn FnMut() -> Result<()>],
+) -> Result<Vec<Summary>> {
+    for _ in 0..plan.warmup {
+        for step in steps.iter_mut() {
+            step()?;
+        }
+    }
+    let started = Instant::now();
+    let mut samples = vec![Vec::with_capacity(plan.iterations); steps.len()];
+    for i in 0..plan.iterations {
+        if i >= plan.min_iterations && started.elapsed() > plan.budget {
+            break;
+        }
+        for (step, samples) in steps.iter_mut().zip(samples.iter_mut()) {
+            let before = Instant::now();
+            step()?;
+            samples.push(before.elapsed());
+        }
+    }
+    samples
+        .iter_mut()
+        .map(|s| Summary::of(s).ok_or_else(|| anyhow::anyhow!("no samples were taken")))
+        .collect()
+}
+
 /// `1.23 µs`, `4.56 ms`, `7.89 s`.
 pub fn format_duration(duration: Duration) -> String {
     let nanos = duration.as_nanos() as f64;
