@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use alexandria_bench::corpus;
 use alexandria_bench::machine::Machine;
-use alexandria_bench::procs::Binaries;
+use alexandria_bench::procs::{self, Binaries};
 use alexandria_bench::report;
 use alexandria_bench::run::{self, Settings};
 use anyhow::{Context, Result};
@@ -88,7 +88,9 @@ fn run_main() -> Result<()> {
     let binaries = Binaries::locate(args.bin_dir.as_deref())?;
     let machine = Machine::describe(std::path::Path::new("/tmp"));
     let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let load_at_start = procs::load_average();
     let outcome = run::run(&settings, &binaries)?;
+    let load_at_end = procs::load_average();
     let mut targets = outcome.targets;
     if settings.quick {
         // CI runs on shared machines: report timings, judge none.
@@ -96,7 +98,14 @@ fn run_main() -> Result<()> {
             target.reached = None;
         }
     }
-    let document = report::document(&machine, &command, &outcome.rows, &targets, &outcome.notes);
+    let document = report::document(
+        &machine,
+        (&load_at_start, &load_at_end),
+        &command,
+        &outcome.rows,
+        &targets,
+        &outcome.notes,
+    );
     std::fs::write(&args.out, &document)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
     print_results(

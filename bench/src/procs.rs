@@ -251,6 +251,30 @@ pub fn memory(pid: u32) -> Result<(u64, u64)> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// Anonymous (private) resident memory and proportional set size, in bytes: how
+/// much of the RSS is the process's own rather than shared file pages.
+pub fn own_memory(pid: u32) -> Result<(u64, u64)> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .with_context(|| format!("cannot read /proc/{pid}/smaps_rollup"))?;
+    let field = |name: &str| -> u64 {
+        rollup
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l[name.len()..].split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    Ok((field("Anonymous:"), field("Pss:")))
+}
+
+/// The 1, 5 and 15 minute load averages, as Linux prints them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
 /// CPU time (user + system) a process used so far.
 pub fn cpu_time(pid: u32) -> Result<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -137,6 +137,7 @@ pub fn targets_table(targets: &[Target]) -> String {
 /// The whole BENCHMARKS.md.
 pub fn document(
     machine: &Machine,
+    load: (&str, &str),
     command: &str,
     rows: &[Row],
     targets: &[Target],
@@ -152,13 +153,15 @@ pub fn document(
     );
     let _ = write!(
         out,
-        "## Machine\n\n- CPU: {} ({} cores available)\n- memory: {}\n- kernel: {}\n- rustc: {}\n- file system of the homes: {}\n- command: `{command}`\n\n",
+        "## Machine\n\n- CPU: {} ({} cores available)\n- memory: {}\n- kernel: {}\n- rustc: {}\n- file system of the homes: {}\n- load average (1, 5, 15 min) at start: {}; at end: {}\n- command: `{command}`\n\n",
         machine.cpu,
         machine.cores,
         machine.memory,
         machine.kernel,
         machine.rustc,
-        machine.filesystem
+        machine.filesystem,
+        load.0,
+        load.1
     );
     out.push_str("## Targets (issue 6)\n\n");
     out.push_str(&targets_table(targets));

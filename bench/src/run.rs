@@ -154,6 +154,7 @@ fn transport_and_start(settings: &Settings, binaries: &Binaries, out: &mut Outco
     shim.call_tool("guide", json!({}))?;
     shim.call_tool("search", json!({"query": "wiki"}))?;
     let (shim_rss, shim_peak) = procs::memory(shim.pid())?;
+    let (shim_anon, shim_pss) = procs::own_memory(shim.pid())?;
     shim.close()?;
 
     out.rows.push(
@@ -249,8 +250,10 @@ fn transport_and_start(settings: &Settings, binaries: &Binaries, out: &mut Outco
             Figure::Bytes(shim_peak),
         )
         .note(format!(
-            "after initialize, pings, guide, search; current {}",
-            mib(shim_rss)
+            "after initialize, pings, guide, search; current {}, of which anonymous {} (the rest: pages of the binary and libc, shared); PSS {}",
+            mib(shim_rss),
+            mib(shim_anon),
+            mib(shim_pss)
         )),
     );
     out.targets.push(Target {
