@@ -210,22 +210,11 @@ pub fn ensure_caught_up(store: &Store, workspace: &str) -> ToolResult<()> {
 /// Bring the catalogue of `workspace` in line with the files on disk. Wiki changes
 /// found in a workspace that was indexed before are recorded as outside edits.
 pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
-    let state = store.state(workspace);
-    let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
-    let mut connection = store.pool.get()?;
-    let known: HashMap<String, (i64, i64)> = {
-        let mut statement =
-            connection.prepare("SELECT path, size, mtime_ns FROM files WHERE workspace = ?1")?;
-        let rows = statement.query_map(params![workspace], |row| {
-            Ok((row.get::<_, String>(0)?, (row.get(1)?, row.get(2)?)))
-        })?;
-        rows.collect::<Result<_, _>>()?
-    };
-    let first_scan = known.is_empty();
     let root = store.workspace_dir(workspace);
-    let mut seen = std::collections::HashSet::new();
-    let mut changed = Vec::new();
-    let mut result = CatchUp::default();
+    // Walk and stat without the index lock: at 100k files this is most of a scan, and
+    // writes need the lock to index their page. Whatever looks changed or removed is
+    // checked again under the lock, when writes cannot move it.
+    let mut on_disk: HashMap<String, (i64, i64)> = HashMap::new();
     for layer in [Layer::Raw, Layer::Wiki] {
         let walker = walkdir::WalkDir::new(root.join(layer.as_str()))
             .follow_links(false)
@@ -244,18 +233,45 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
             let Ok(metadata) = entry.metadata() else {
                 continue;
             };
-            seen.insert(relative.to_string());
-            match known.get(relative) {
-                Some(key) if *key == stat_key(&metadata) => result.unchanged += 1,
-                other => changed.push((
-                    relative.to_string(),
-                    entry.path().to_path_buf(),
-                    other.is_none(),
-                )),
-            }
+            on_disk.insert(relative.to_string(), stat_key(&metadata));
         }
     }
-    let removed: Vec<&String> = known.keys().filter(|p| !seen.contains(*p)).collect();
+    let state = store.state(workspace);
+    let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut connection = store.pool.get()?;
+    let known: HashMap<String, (i64, i64)> = {
+        let mut statement =
+            connection.prepare("SELECT path, size, mtime_ns FROM files WHERE workspace = ?1")?;
+        let rows = statement.query_map(params![workspace], |row| {
+            Ok((row.get::<_, String>(0)?, (row.get(1)?, row.get(2)?)))
+        })?;
+        rows.collect::<Result<_, _>>()?
+    };
+    let first_scan = known.is_empty();
+    let mut changed = Vec::new();
+    let mut result = CatchUp::default();
+    for (relative, key) in &on_disk {
+        let known_key = known.get(relative);
+        if known_key == Some(key) {
+            result.unchanged += 1;
+            continue;
+        }
+        let absolute = root.join(relative);
+        match std::fs::metadata(&absolute) {
+            // Indexed by a write since the walk.
+            Ok(now) if known_key == Some(&stat_key(&now)) => result.unchanged += 1,
+            Ok(_) => changed.push((relative.clone(), absolute, known_key.is_none())),
+            Err(_) => {} // gone since the walk: the next scan removes it
+        }
+    }
+    changed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    // A file created since the walk (by a write, which indexed it) is not removed;
+    // files the walk skips (hidden) are, as before.
+    let hidden = |p: &str| p.split('/').any(|c| c.starts_with('.'));
+    let removed: Vec<&String> = known
+        .keys()
+        .filter(|p| !on_disk.contains_key(*p) && (hidden(p) || !root.join(p).exists()))
+        .collect();
     for batch in changed.chunks(256) {
         let transaction = connection.transaction()?;
         for (relative, absolute, is_new) in batch {
@@ -614,7 +630,10 @@ mod tests {
         for (name, text) in [
             ("a.md", "# A\n\nwombat wombat wombat\n"),
             ("b.md", "# B\n\nwombat and more words here\n"),
-            ("sub/c.md", "# C\n\none wombat among many many other words\n"),
+            (
+                "sub/c.md",
+                "# C\n\none wombat among many many other words\n",
+            ),
         ] {
             std::fs::write(wiki.join(name), text).expect("write");
         }
@@ -627,7 +646,13 @@ mod tests {
             .compile_matcher();
         // (offset, limit, scope, expected paths, more)
         let cases: &[(usize, usize, bool, &[&str], bool)] = &[
-            (0, 10, false, &["wiki/a.md", "wiki/b.md", "wiki/sub/c.md"], false),
+            (
+                0,
+                10,
+                false,
+                &["wiki/a.md", "wiki/b.md", "wiki/sub/c.md"],
+                false,
+            ),
             (0, 1, false, &["wiki/a.md"], true),
             (1, 1, false, &["wiki/b.md"], true),
             (2, 1, false, &["wiki/sub/c.md"], false),
