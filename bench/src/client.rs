@@ -340,13 +340,16 @@ impl Http {
         self.request.clear();
         write!(
             self.request,
-            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {PROTOCOL}\r\nContent-Length: {}\r\n",
+            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
             self.path,
             self.host,
             payload.len()
         )?;
         if let Some(session) = &self.session {
-            write!(self.request, "Mcp-Session-Id: {session}\r\n")?;
+            write!(
+                self.request,
+                "Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: {PROTOCOL}\r\n"
+            )?;
         }
         self.request.extend_from_slice(b"\r\n");
         self.request.extend_from_slice(&payload);

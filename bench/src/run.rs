@@ -522,10 +522,23 @@ fn corpus_size(
     }
     match home.http_address()? {
         Some(address) => {
-            let mut http = Http::connect(&address, SLUG)?;
-            http.initialize()?;
-            let rows = tool_latencies(settings, &mut http, &corpus, &label, "http")?;
-            out.rows.extend(rows.into_iter().map(|(row, _)| row));
+            // An HTTP failure is reported in the table rather than ending the run.
+            let measured = Http::connect(&address, SLUG).and_then(|mut http| {
+                http.initialize()?;
+                tool_latencies(settings, &mut http, &corpus, &label, "http")
+            });
+            match measured {
+                Ok(rows) => out.rows.extend(rows.into_iter().map(|(row, _)| row)),
+                Err(error) => {
+                    progress(&format!("[{label}] HTTP measurements failed: {error:#}"));
+                    out.rows.push(Row::new(
+                        "tools over HTTP",
+                        &label,
+                        "http",
+                        Figure::NotAvailable(format!("failed: {error:#}")),
+                    ));
+                }
+            }
         }
         None => out.rows.push(Row::new(
             "tools over HTTP",
