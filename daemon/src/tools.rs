@@ -420,6 +420,7 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
                 &slug,
                 layer,
                 scope.as_ref().map(|s| &s.matcher),
+                scope.as_ref().map(|s| s.sql.as_str()),
             )?;
             let total = files.len();
             let page: Vec<_> = files.into_iter().skip(offset).take(limit).collect();
@@ -778,7 +779,13 @@ fn read_batch(
     }
     let scope = scope(&params.path)?;
     let connection = store.pool.get()?;
-    let files = index::list(&connection, slug, Some(scope.layer), Some(&scope.matcher))?;
+    let files = index::list(
+        &connection,
+        slug,
+        Some(scope.layer),
+        Some(&scope.matcher),
+        Some(&scope.sql),
+    )?;
     drop(connection);
     if files.is_empty() {
         return Err(ToolError::new(

@@ -300,61 +300,8 @@ impl Drop for RawShim {
     }
 }
 
-/// A small valid PDF with one page per string (Helvetica text, one line per `\n`).
-pub fn make_pdf(pages: &[&str]) -> Vec<u8> {
-    let mut objects: Vec<String> = Vec::new();
-    let page_count = pages.len();
-    // 1: catalog, 2: pages, 3: font, then (page, content) pairs.
-    objects.push("<< /Type /Catalog /Pages 2 0 R >>".to_string());
-    let kids: Vec<String> = (0..page_count)
-        .map(|i| format!("{} 0 R", 4 + 2 * i))
-        .collect();
-    objects.push(format!(
-        "<< /Type /Pages /Kids [{}] /Count {page_count} >>",
-        kids.join(" ")
-    ));
-    objects.push("<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_string());
-    for (i, text) in pages.iter().enumerate() {
-        let content_id = 5 + 2 * i;
-        objects.push(format!(
-            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents {content_id} 0 R >>"
-        ));
-        let mut stream = String::from("BT /F1 12 Tf 14 TL 72 720 Td\n");
-        for line in text.lines() {
-            let escaped = line
-                .replace('\\', "\\\\")
-                .replace('(', "\\(")
-                .replace(')', "\\)");
-            stream.push_str(&format!("({escaped}) Tj T*\n"));
-        }
-        stream.push_str("ET");
-        objects.push(format!(
-            "<< /Length {} >>\nstream\n{stream}\nendstream",
-            stream.len()
-        ));
-    }
-    let mut pdf = b"%PDF-1.4\n".to_vec();
-    let mut offsets = Vec::new();
-    for (i, object) in objects.iter().enumerate() {
-        offsets.push(pdf.len());
-        pdf.extend_from_slice(format!("{} 0 obj\n{object}\nendobj\n", i + 1).as_bytes());
-    }
-    let xref = pdf.len();
-    pdf.extend_from_slice(
-        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
-    );
-    for offset in offsets {
-        pdf.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
-    }
-    pdf.extend_from_slice(
-        format!(
-            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
-            objects.len() + 1
-        )
-        .as_bytes(),
-    );
-    pdf
-}
+/// A small valid PDF with one page per string (shared with the benchmark corpus).
+pub use alexandria_bench::pdf::make_pdf;
 
 /// The smallest valid PNG (1×1, transparent).
 pub const TINY_PNG: &[u8] = &[

@@ -1,0 +1,123 @@
+//! `alexandria-bench`: run the benchmark, print the table, write BENCHMARKS.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use alexandria_bench::corpus;
+use alexandria_bench::machine::Machine;
+use alexandria_bench::procs::{self, Binaries};
+use alexandria_bench::report;
+use alexandria_bench::run::{self, Settings};
+use anyhow::{Context, Result};
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(
+    name = "alexandria-bench",
+    about = "Benchmark the real alexandria shim and daemon on a generated corpus (issue 6)"
+)]
+struct Args {
+    /// Corpus sizes in pages, comma-separated (1k = 1000 pages)
+    #[arg(long, default_value = "1k,10k,100k", value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Timed iterations per tool figure (pings take 10×, cold starts fewer)
+    #[arg(long)]
+    iterations: Option<usize>,
+    /// CI configuration: 1k pages, few iterations; never judges timings
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the report
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+    /// Directory holding `alexandria` and `alexandriad` (default: next to this binary)
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Corpus seed
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Concurrent writer counts, comma-separated
+    #[arg(long, default_value = "1,4,8", value_delimiter = ',')]
+    writers: Vec<usize>,
+    /// Only generate the corpus of the first size into this workspace directory
+    /// (its raw/ and wiki/), then exit: for profiling by hand
+    #[arg(long, value_name = "WORKSPACE_DIR")]
+    generate_only: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    match run_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("alexandria-bench: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_main() -> Result<()> {
+    let args = Args::parse();
+    let sizes = if args.quick {
+        vec![1000]
+    } else {
+        args.sizes
+            .iter()
+            .map(|s| run::parse_size(s))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let settings = Settings {
+        sizes,
+        iterations: args
+            .iterations
+            .unwrap_or(if args.quick { 10 } else { 200 })
+            .max(1),
+        quick: args.quick,
+        seed: args.seed,
+        writers: args.writers.into_iter().filter(|w| *w > 0).collect(),
+    };
+    if let Some(workspace) = &args.generate_only {
+        let pages = settings.sizes.first().copied().unwrap_or(1000);
+        let corpus = corpus::generate(settings.seed, pages, workspace)?;
+        eprintln!(
+            "alexandria-bench: wrote {} pages ({} bytes) into {}",
+            corpus.pages,
+            corpus.bytes,
+            workspace.display()
+        );
+        return Ok(());
+    }
+    let binaries = Binaries::locate(args.bin_dir.as_deref())?;
+    let machine = Machine::describe(std::path::Path::new("/tmp"));
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let load_at_start = procs::load_average();
+    let outcome = run::run(&settings, &binaries)?;
+    let load_at_end = procs::load_average();
+    let mut targets = outcome.targets;
+    if settings.quick {
+        // CI runs on shared machines: report timings, judge none.
+        for target in &mut targets {
+            target.reached = None;
+        }
+    }
+    let document = report::document(
+        &machine,
+        (&load_at_start, &load_at_end),
+        &command,
+        &outcome.rows,
+        &targets,
+        &outcome.notes,
+    );
+    std::fs::write(&args.out, &document)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    print_results(
+        &report::table(&outcome.rows),
+        &report::targets_table(&targets),
+    );
+    eprintln!("alexandria-bench: written to {}", args.out.display());
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)] // the tables are this program's output
+fn print_results(table: &str, targets: &str) {
+    println!("{table}");
+    println!("{targets}");
+}
