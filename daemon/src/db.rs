@@ -110,7 +110,10 @@ CREATE TABLE subscription_items (
     ingested_at INTEGER
 );
 CREATE INDEX subscription_pending ON subscription_items(workspace, ingested_at);
-"#];
+"#,
+    // 2: counting a workspace's files per layer (guide) without scanning every row.
+    "CREATE INDEX files_layer ON files(workspace, layer);",
+];
 
 /// Open the pool on `path`, creating the file, and apply pending migrations.
 /// `busy_timeout` is how long a statement waits for a lock held by another
