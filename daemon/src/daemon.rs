@@ -17,7 +17,7 @@ use crate::auth::Auth;
 use crate::http::{HttpInfo, HttpOverrides};
 use crate::sessions::Sessions;
 use crate::store::Store;
-use crate::{calllog, http, index, socket};
+use crate::{calllog, http, socket};
 
 /// How long shutdown waits for HTTP connections to finish.
 const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -339,24 +339,10 @@ async fn sync_git_indexes(context: Arc<DaemonContext>) {
     }
 }
 
-/// Catch up with the disk at start, then watch for outside edits.
+/// Watch for outside edits and catch up with the disk: the watcher thread registers a
+/// workspace's watch first and then catches it up, so no change falls between the two.
 async fn keep_index_current(context: Arc<DaemonContext>) {
-    let store = Arc::clone(&context.store);
-    let scan = tokio::task::spawn_blocking(move || {
-        for slug in store.list_workspaces() {
-            match index::catch_up(&store, &slug) {
-                Ok(result) if result.indexed + result.removed > 0 => {
-                    tracing::info!(workspace = %slug, ?result, "index caught up");
-                }
-                Ok(_) => {}
-                Err(error) => tracing::warn!(workspace = %slug, %error, "catch-up failed"),
-            }
-        }
-        crate::watch::spawn(store);
-    });
-    if let Err(error) = scan.await {
-        tracing::error!(%error, "the start-up scan panicked");
-    }
+    crate::watch::spawn(Arc::clone(&context.store));
 }
 
 /// Delete old `logs/mcp-<date>.jsonl` files at start and then daily.

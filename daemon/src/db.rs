@@ -27,7 +27,8 @@ pub enum DbError {
 }
 
 /// Schema migrations; index i brings `user_version` from i to i+1.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE workspaces (
     slug TEXT PRIMARY KEY,
     created_at INTEGER NOT NULL
