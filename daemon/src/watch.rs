@@ -133,6 +133,11 @@ fn apply(store: &Store, events: Vec<notify::Result<notify::Event>>) {
         if event.need_rescan() {
             everything = true;
         }
+        // Opening or reading a file changes nothing, and the daemon's own indexing
+        // reads every file: 100k events after a cold index at 100k pages.
+        if matches!(event.kind, notify::EventKind::Access(_)) {
+            continue;
+        }
         for path in event.paths {
             let Some((slug, relative)) = split(&workspaces_dir, &path) else {
                 continue;
