@@ -609,16 +609,27 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
             lost += 1;
         }
     }
-    let history = call(
-        &client,
-        "history",
-        json!({"op": "create", "limit": 500, "path": "wiki/k*/**"}),
-    )
-    .await?;
-    let logged: std::collections::HashSet<String> = history_entries(&history)
-        .iter()
-        .filter_map(|e| e["path"].as_str().map(String::from))
-        .collect();
+    // Every page of history (it is paged: 500 entries at most per call).
+    let mut logged = std::collections::HashSet::new();
+    let mut cursor = Value::Null;
+    let mut history: Value;
+    loop {
+        history = call(
+            &client,
+            "history",
+            json!({"op": "create", "limit": 500, "path": "wiki/k*/**", "cursor": cursor}),
+        )
+        .await?;
+        for entry in history_entries(&history) {
+            if let Some(path) = entry["path"].as_str() {
+                assert!(logged.insert(path.to_string()), "{path} logged twice");
+            }
+        }
+        cursor = history["structuredContent"]["next_cursor"].clone();
+        if cursor.is_null() {
+            break;
+        }
+    }
     for (path, _) in &acknowledged {
         assert!(logged.contains(path), "{path} missing from history");
     }
