@@ -411,7 +411,7 @@ fn corpus_size(
     let idle = procs::cpu_time(pid)?.saturating_sub(before);
     out.rows.push(
         Row::new(
-            "daemon CPU while idle (periodic rescan)",
+            "daemon CPU while idle",
             &label,
             "-",
             Figure::Percent(100.0 * idle.as_secs_f64() / window.as_secs_f64()),
@@ -548,7 +548,7 @@ fn corpus_size(
         )),
     }
 
-    // Outside edits: while running (the periodic rescan), and across a restart.
+    // Outside edits: while running (file notifications), and across a restart.
     progress(&format!("[{label}] catch-up after outside edits"));
     let step = (pages / 100).max(1);
     let edited: Vec<&String> = corpus.page_paths.iter().step_by(step).take(100).collect();
@@ -574,7 +574,7 @@ fn corpus_size(
             "shim",
             Figure::Once(live),
         )
-        .note("daemon running; includes waiting for the next periodic rescan (1 s interval)"),
+        .note("daemon running: file notifications (debounced 100 ms), then re-index"),
     );
 
     home.stop_daemon()?;
