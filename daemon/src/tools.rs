@@ -272,13 +272,14 @@ pub struct SearchParams {
     pub cursor: Option<String>,
 }
 
-struct Scope {
-    matcher: globset::GlobMatcher,
-    sql: String,
-    layer: Layer,
+/// A caller's path glob, checked: the matcher, a SQL GLOB prefilter, the layer.
+pub(crate) struct Scope {
+    pub(crate) matcher: globset::GlobMatcher,
+    pub(crate) sql: String,
+    pub(crate) layer: Layer,
 }
 
-fn scope(path: &str) -> ToolResult<Scope> {
+pub(crate) fn scope(path: &str) -> ToolResult<Scope> {
     let checked = paths::validate_workspace_path(path, true)
         .map_err(|e| ToolError::invalid_path(e.message).with_detail("path", path))?;
     let pattern = if checked.rest().is_empty() {
@@ -318,7 +319,7 @@ fn scope(path: &str) -> ToolResult<Scope> {
     })
 }
 
-fn parse_cursor(cursor: Option<&str>) -> ToolResult<usize> {
+pub(crate) fn parse_cursor(cursor: Option<&str>) -> ToolResult<usize> {
     match cursor.map(str::trim).filter(|c| !c.is_empty()) {
         None => Ok(0),
         Some(c) => c.parse().map_err(|_| {

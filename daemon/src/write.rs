@@ -1117,40 +1117,14 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
     };
     let since = bound(&params.since, "since")?;
     let until = bound(&params.until, "until")?;
-    let matcher = match params.path.as_deref() {
-        Some(glob) => {
-            let checked = paths::validate_workspace_path(glob, true)
-                .map_err(|e| ToolError::invalid_path(e.message).with_detail("path", glob))?;
-            let pattern = if checked.rest().is_empty() {
-                format!("{}/**", checked.path)
-            } else {
-                checked.path
-            };
-            Some(
-                globset::GlobBuilder::new(&pattern)
-                    .literal_separator(true)
-                    .build()
-                    .map_err(|e| {
-                        ToolError::invalid_argument(
-                            format!("bad glob: {e}"),
-                            "use wiki/** or wiki/topics/*.md",
-                        )
-                    })?
-                    .compile_matcher(),
-            )
-        }
-        None => None,
-    };
+    let scope = params
+        .path
+        .as_deref()
+        .map(crate::tools::scope)
+        .transpose()?;
+    let matcher = scope.map(|s| s.matcher);
     let limit = params.limit.unwrap_or(50).clamp(1, 500) as usize;
-    let offset: usize = match params.cursor.as_deref().filter(|c| !c.is_empty()) {
-        None => 0,
-        Some(c) => c.parse().map_err(|_| {
-            ToolError::invalid_argument(
-                format!("'{c}' is not a cursor this server issued"),
-                "pass next_cursor unchanged",
-            )
-        })?,
-    };
+    let offset = crate::tools::parse_cursor(params.cursor.as_deref())?;
     let connection = store.pool.get()?;
     let mut statement = connection.prepare_cached(
         "SELECT ts, op, path, run_id, summary, origin FROM wiki_log_entries
