@@ -261,12 +261,7 @@ fn ingest(
     let raw_dir = store.workspace_dir(workspace).join("raw");
     let state = store.state(workspace);
     let run_id = format!("ingest-{}", uuid::Uuid::new_v4().simple());
-    let timeout = std::time::Duration::from_secs_f64(store.config.write.lock_timeout_secs);
-    let _lock = state.lock.acquire(
-        &store.workspace_dir(workspace).join(".lock"),
-        &run_id,
-        timeout,
-    )?;
+    let _lock = crate::write::lock_workspace(store, &state, workspace, &run_id)?;
     let total = files.len() as u64;
     let mut added = Vec::new();
     let mut skipped = Vec::new();

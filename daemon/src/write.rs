@@ -498,12 +498,7 @@ pub fn write(
 
     // Lock, check, commit.
     let state = store.state(&workspace);
-    let timeout = Duration::from_secs_f64(store.config.write.lock_timeout_secs);
-    let _lock = state.lock.acquire(
-        &store.workspace_dir(&workspace).join(".lock"),
-        &run_id,
-        timeout,
-    )?;
+    let lock = lock_workspace(store, &state, &workspace, &run_id)?;
     crash_point("after_lock");
     let current = read_current(&absolute)?;
     let current_rev = current.as_deref().map(revision);
@@ -590,13 +585,7 @@ pub fn write(
     manifest.new_rev = Some(new_rev.clone());
     manifest.summary = format!("{command_name} {path}");
     save_manifest(&dir, &manifest)?;
-    crash_point("after_prepare");
-    let commit = complete_or_roll_back(store, &manifest)?;
-    drop(cleanup);
-    drop(_lock);
-    crash_point("before_flush");
-    flush_to_disk(store, &workspace)?;
-    crash_point("after_flush");
+    let commit = finish(store, &manifest, lock, cleanup)?;
     let title = markdown::title(&new_text);
     Ok(ToolOutput {
         text: format!(
@@ -655,23 +644,14 @@ pub fn delete(
     let cleanup = RunDirCleanup(dir.clone());
     save_manifest(&dir, &manifest)?;
     let state = store.state(&workspace);
-    let timeout = Duration::from_secs_f64(store.config.write.lock_timeout_secs);
-    let _lock = state.lock.acquire(
-        &store.workspace_dir(&workspace).join(".lock"),
-        &run_id,
-        timeout,
-    )?;
+    let lock = lock_workspace(store, &state, &workspace, &run_id)?;
     let Some(current) = read_current(&absolute)? else {
         return Err(ToolError::not_found(&path));
     };
     manifest.old_rev = Some(revision(&current));
     manifest.state = RunState::Prepared;
     save_manifest(&dir, &manifest)?;
-    crash_point("after_prepare");
-    let commit = complete_or_roll_back(store, &manifest)?;
-    drop(cleanup);
-    drop(_lock);
-    flush_to_disk(store, &workspace)?;
+    let commit = finish(store, &manifest, lock, cleanup)?;
     Ok(ToolOutput {
         text: format!("deleted {path}; a copy is kept in {trash_path} (run {run_id})"),
         structured: json!({
@@ -859,6 +839,40 @@ fn commit_in(
     };
     let id = crate::git::commit_changes(repo, root, &[change], &message, &author)?;
     Ok(id.to_string())
+}
+
+/// Take the workspace lock for `run_id`, waiting up to `[write] lock_timeout_secs`.
+pub fn lock_workspace<'a>(
+    store: &Store,
+    state: &'a crate::store::WorkspaceState,
+    workspace: &str,
+    run_id: &str,
+) -> ToolResult<LockGuard<'a>> {
+    let timeout = Duration::from_secs_f64(store.config.write.lock_timeout_secs);
+    state.lock.acquire(
+        &store.workspace_dir(workspace).join(".lock"),
+        run_id,
+        timeout,
+    )
+}
+
+/// The common end of a write and a delete whose run is prepared: complete it (or roll
+/// it back), drop the run directory, release the lock, flush to disk. Only then may
+/// the caller acknowledge.
+fn finish(
+    store: &Store,
+    manifest: &Manifest,
+    lock: LockGuard<'_>,
+    cleanup: RunDirCleanup,
+) -> ToolResult<String> {
+    crash_point("after_prepare");
+    let commit = complete_or_roll_back(store, manifest)?;
+    drop(cleanup);
+    drop(lock);
+    crash_point("before_flush");
+    flush_to_disk(store, &manifest.workspace)?;
+    crash_point("after_flush");
+    Ok(commit)
 }
 
 /// Make everything written so far durable (page, git objects and refs, SQLite WAL)
