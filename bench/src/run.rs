@@ -201,12 +201,7 @@ fn transport_and_start(settings: &Settings, binaries: &Binaries, out: &mut Outco
         .note("process start of the shim binary: the floor of a cold start"),
     );
     let warm = measure(settings.spawn_plan(), |_| {
-        let started = Instant::now();
-        let mut shim = Shim::spawn(home.shim_command(SLUG))?;
-        shim.initialize()?;
-        let elapsed = started.elapsed();
-        shim.close()?;
-        Ok(Some(elapsed))
+        spawn_to_initialize(&home).map(Some)
     })?;
     out.rows.push(
         latency(
@@ -225,12 +220,7 @@ fn transport_and_start(settings: &Settings, binaries: &Binaries, out: &mut Outco
     });
     let cold = measure(settings.cold_daemon_plan(), |_| {
         home.stop_daemon()?;
-        let started = Instant::now();
-        let mut shim = Shim::spawn(home.shim_command(SLUG))?;
-        shim.initialize()?;
-        let elapsed = started.elapsed();
-        shim.close()?;
-        Ok(Some(elapsed))
+        spawn_to_initialize(&home).map(Some)
     })?;
     out.rows.push(
         latency(
@@ -658,6 +648,16 @@ fn fsync_floor(settings: &Settings, workspace: &Path) -> Result<Summary> {
     })?;
     std::fs::remove_file(&path).context("cannot remove the fsync probe")?;
     Ok(summary)
+}
+
+/// Spawn a shim and time it up to the initialize reply (then close it).
+fn spawn_to_initialize(home: &Home) -> Result<Duration> {
+    let started = Instant::now();
+    let mut shim = Shim::spawn(home.shim_command(SLUG))?;
+    shim.initialize()?;
+    let elapsed = started.elapsed();
+    shim.close()?;
+    Ok(elapsed)
 }
 
 /// `writers` shims creating pages at once; committed writes per second.

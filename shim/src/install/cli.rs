@@ -169,11 +169,7 @@ impl Request {
             }
             Edit::Changed { change, text } => (change, text),
         };
-        let verb = if self.dry_run {
-            change.conditional()
-        } else {
-            change.past_tense()
-        };
+        let verb = change.verb(self.dry_run);
         say!(
             "{}: {verb} \"{SERVER_NAME}\" {} {path} ({})",
             self.label(),
@@ -288,11 +284,7 @@ fn run_claude(
     change: Change,
     commands: &[Vec<String>],
 ) -> Result<()> {
-    let verb = if request.dry_run {
-        change.conditional()
-    } else {
-        change.past_tense()
-    };
+    let verb = change.verb(request.dry_run);
     say!(
         "{}: {verb} \"{SERVER_NAME}\" {} {} (JSON, via {})",
         request.label(),

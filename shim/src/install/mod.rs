@@ -46,6 +46,15 @@ impl Change {
             Change::Removed => "removed",
         }
     }
+    /// How to report the change: what would happen on a dry run, what happened otherwise.
+    pub fn verb(self, dry_run: bool) -> &'static str {
+        if dry_run {
+            self.conditional()
+        } else {
+            self.past_tense()
+        }
+    }
+
     pub fn conditional(self) -> &'static str {
         match self {
             Change::Added => "would add",
