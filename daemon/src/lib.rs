@@ -1,28 +1,25 @@
 //! alexandriad: the daemon that owns every workspace and serves them over MCP.
 //!
-//! Dependencies point inward: transports (`socket`, `http`) → `mcp` (tool
-//! registration and MCP results) → `tools` (tool logic, blocking) → `store`
-//! (workspaces on disk, git) and `index`/`db` (SQLite state and full-text index).
+//! Folders by concern; arrows point down only (ARCHITECTURE.md has the map):
+//!
+//! `lifecycle` → `transport` (socket, HTTP, control) → `mcp` (rmcp handler, sessions,
+//! call log) → `tools` (tool logic, MCP-free) → `commit` (the write path, recovery,
+//! outside edits) → `index` (catalogue, full-text search, extraction) → `workspace`
+//! (files, git, lock) → `db`, `config`, `error`. `context` (state shared by the
+//! transports) and `auth` sit beside `transport`, below `lifecycle`.
 
 pub mod auth;
-pub mod calllog;
+pub mod commit;
 pub mod config;
-pub mod control;
-pub mod daemon;
+pub mod context;
 pub mod db;
 pub mod error;
-pub mod extract;
 pub mod faults;
-pub mod git;
-pub mod http;
 pub mod index;
-pub mod markdown;
+pub mod lifecycle;
 pub mod mcp;
-pub mod sessions;
-pub mod socket;
-pub mod store;
 pub mod tools;
-pub mod watch;
-pub mod write;
+pub mod transport;
+pub mod workspace;
 
-pub use daemon::{DaemonOptions, run};
+pub use lifecycle::{DaemonOptions, run};

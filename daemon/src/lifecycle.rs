@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 
 use alexandria_proto::{BUILD, Home, PROTOCOL_VERSION, StartupNotice};
 use anyhow::{Context, Result, anyhow};
-use serde_json::{Value, json};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::auth::Auth;
-use crate::http::{HttpInfo, HttpOverrides};
-use crate::sessions::Sessions;
-use crate::store::Store;
-use crate::{calllog, http, socket};
+use crate::context::{DaemonContext, HttpInfo};
+use crate::mcp::calllog;
+use crate::mcp::sessions::Sessions;
+use crate::transport::http::{self, HttpOverrides};
+use crate::transport::socket;
+use crate::workspace::Store;
 
 /// How long shutdown waits for HTTP connections to finish.
 const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -29,43 +30,6 @@ pub struct DaemonOptions {
     pub spawned: bool,
     /// `--bind`, `--port`, `--token-required`.
     pub http: HttpOverrides,
-}
-
-/// State shared by every connection.
-pub struct DaemonContext {
-    pub store: Arc<Store>,
-    pub sessions: Arc<Sessions>,
-    pub started: Instant,
-    pub auth: Arc<Auth>,
-    /// `None` when HTTP could not be bound (the reason is in the daemon log).
-    pub http: Option<HttpInfo>,
-    shutdown: watch::Sender<bool>,
-}
-
-impl DaemonContext {
-    pub fn shutdown(&self) {
-        let _ = self.shutdown.send(true);
-    }
-
-    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.shutdown.subscribe()
-    }
-
-    pub fn status(&self) -> Value {
-        json!({
-            "running": true,
-            "pid": std::process::id(),
-            "version": BUILD,
-            "protocol": PROTOCOL_VERSION,
-            "uptime_secs": self.started.elapsed().as_secs(),
-            "home": self.store.home.root().display().to_string(),
-            "socket": self.store.home.socket().display().to_string(),
-            "http": self.http.as_ref().map(HttpInfo::url),
-            "http_tokens": self.auth.tokens_enabled(),
-            "sessions": self.sessions.snapshot(),
-            "workspaces": self.store.list_workspaces(),
-        })
-    }
 }
 
 /// Run the daemon until it is stopped. Blocks.
@@ -146,7 +110,7 @@ struct Started {
 
 async fn start(options: &DaemonOptions) -> Result<Started> {
     let home = options.home.clone();
-    crate::store::ensure_layout(&home)
+    crate::workspace::ensure_layout(&home)
         .with_context(|| format!("cannot create the home {}", home.root().display()))?;
     let pid_lock = match lock_pidfile(&home) {
         Ok(lock) => lock,
@@ -170,7 +134,7 @@ async fn start(options: &DaemonOptions) -> Result<Started> {
     // Finish or drop writes interrupted by a crash before anything is served.
     let recovered = tokio::task::spawn_blocking({
         let store = Arc::clone(&store);
-        move || crate::write::recover(&store)
+        move || crate::commit::recover(&store)
     })
     .await
     .context("recovery panicked")?;
@@ -328,7 +292,7 @@ async fn wait_for_signal(context: Arc<DaemonContext>) {
     context.shutdown();
 }
 
-/// Bring git's index up to date with recent commits, twice a second (see `git.rs`).
+/// Bring git's index up to date with recent commits, twice a second (see `workspace/git.rs`).
 async fn sync_git_indexes(context: Arc<DaemonContext>) {
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -342,7 +306,7 @@ async fn sync_git_indexes(context: Arc<DaemonContext>) {
 /// Watch for outside edits and catch up with the disk: the watcher thread registers a
 /// workspace's watch first and then catches it up, so no change falls between the two.
 async fn keep_index_current(context: Arc<DaemonContext>) {
-    crate::watch::spawn(Arc::clone(&context.store));
+    crate::commit::watch::spawn(Arc::clone(&context.store));
 }
 
 /// Delete old `logs/mcp-<date>.jsonl` files at start and then daily.

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use alexandria_daemon::http::HttpOverrides;
+use alexandria_daemon::transport::http::HttpOverrides;
 use alexandria_daemon::{DaemonOptions, run};
 use alexandria_proto::Home;
 use clap::Parser;

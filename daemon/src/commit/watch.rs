@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use notify::{RecursiveMode, Watcher};
 
 use crate::index;
-use crate::store::Store;
+use crate::workspace::Store;
 
 /// Full rescan interval while notifications work (a stat walk: about 1 s of CPU at
 /// 100k pages), and when they do not.

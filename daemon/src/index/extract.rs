@@ -4,7 +4,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
-use crate::markdown::{self, Citation};
+use crate::index::markdown::{self, Citation};
 
 /// Files larger than this are listed but their text is not indexed.
 pub const MAX_INDEXED_BYTES: u64 = 64 * 1024 * 1024;

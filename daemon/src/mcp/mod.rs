@@ -2,6 +2,9 @@
 //! Tool registration (names, descriptions, schemas, annotations) lives here, and this
 //! is the one module that turns tool outputs and `ToolError`s into MCP results.
 
+pub mod calllog;
+pub mod sessions;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,12 +20,11 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::calllog;
 use crate::error::ToolError;
-use crate::sessions::{SessionInfo, SessionListing};
-use crate::store::Store;
+use crate::mcp::sessions::{SessionInfo, SessionListing};
 use crate::tools::{self, GuideParams, ReadParams, SearchParams, ToolOutput};
-use crate::write::{self, Caller, DeleteParams, HistoryParams, WriteParams};
+use crate::tools::{Caller, DeleteParams, HistoryParams, WriteParams};
+use crate::workspace::Store;
 
 /// What the server tells clients in `initialize` (and what tool search indexes).
 pub const INSTRUCTIONS: &str = "alexandria serves the user's own local markdown wikis (workspaces kept in git), built from their notes, papers and transcripts. Use it for what the user has collected and written down, not for the public web or source code. Call guide first: it explains the layers (raw/ sources, wiki/ pages), the citation format, and lists the workspaces. Then search (ranked full text, or list by glob) and read (files, PDF pages, markdown sections).";
@@ -158,9 +160,9 @@ pub fn dispatch(
         "guide" => tools::guide(store, binding, parse(tool, arguments)?),
         "search" => tools::search(store, binding, parse(tool, arguments)?),
         "read" => tools::read(store, binding, parse(tool, arguments)?),
-        "write" => write::write(store, binding, caller, parse(tool, arguments)?),
-        "delete" => write::delete(store, binding, caller, parse(tool, arguments)?),
-        "history" => write::history(store, binding, parse(tool, arguments)?),
+        "write" => tools::write(store, binding, caller, parse(tool, arguments)?),
+        "delete" => tools::delete(store, binding, caller, parse(tool, arguments)?),
+        "history" => tools::history(store, binding, parse(tool, arguments)?),
         other => Err(ToolError::invalid_argument(
             format!("unknown tool {other}"),
             "call tools/list for the tools alexandria offers",

@@ -8,11 +8,11 @@ use serde_json::json;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::daemon::DaemonContext;
+use crate::context::DaemonContext;
 use crate::error::ToolError;
 use crate::index;
-use crate::socket::{Frame, read_frame};
-use crate::store::Store;
+use crate::transport::socket::{Frame, read_frame};
+use crate::workspace::Store;
 
 const REQUEST_MAX_BYTES: usize = 4 * 1024 * 1024;
 
@@ -261,7 +261,7 @@ fn ingest(
     let raw_dir = store.workspace_dir(workspace).join("raw");
     let state = store.state(workspace);
     let run_id = format!("ingest-{}", uuid::Uuid::new_v4().simple());
-    let _lock = crate::write::lock_workspace(store, &state, workspace, &run_id)?;
+    let _lock = crate::commit::lock_workspace(store, &state, workspace, &run_id)?;
     let total = files.len() as u64;
     let mut added = Vec::new();
     let mut skipped = Vec::new();
@@ -342,15 +342,15 @@ fn commit_paths(
     let root = store.workspace_dir(workspace);
     let state = store.state(workspace);
     state.with_repo(&root, |repo| {
-        let changes: Vec<crate::git::Change<'_>> = paths
+        let changes: Vec<crate::workspace::git::Change<'_>> = paths
             .iter()
-            .map(|path| crate::git::Change {
+            .map(|path| crate::workspace::git::Change {
                 path,
                 present: true,
             })
             .collect();
         let author = git2::Signature::now("alexandria", "alexandria@localhost")?;
-        crate::git::commit_changes(repo, &root, &changes, message, &author)
+        crate::workspace::git::commit_changes(repo, &root, &changes, message, &author)
     })?;
     for path in paths {
         state.index_pending(path);

@@ -30,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Auth, Grant, Refusal};
 use crate::config::HttpConfig;
-use crate::daemon::DaemonContext;
+use crate::context::DaemonContext;
 use crate::mcp::AlexandriaServer;
-use crate::sessions::{SessionInfo, SessionListing};
+use crate::mcp::sessions::{SessionInfo, SessionListing};
 
 /// An HTTP session with no traffic for this long is closed (its id then gets 404
 /// and the client re-initializes). rmcp's default is 5 minutes, which drops the
@@ -72,18 +72,6 @@ pub enum HttpError {
         address: SocketAddr,
         source: std::io::Error,
     },
-}
-
-/// Where and how HTTP is served, once bound.
-#[derive(Debug, Clone)]
-pub struct HttpInfo {
-    pub address: SocketAddr,
-}
-
-impl HttpInfo {
-    pub fn url(&self) -> String {
-        format!("http://{}", self.address)
-    }
 }
 
 /// The address to bind: config, then overrides.

@@ -17,10 +17,10 @@ use rmcp::{RoleServer, ServiceExt};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::control;
-use crate::daemon::DaemonContext;
+use crate::context::DaemonContext;
 use crate::mcp::AlexandriaServer;
-use crate::sessions::SessionInfo;
+use crate::mcp::sessions::SessionInfo;
+use crate::transport::control;
 
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const HELLO_MAX_BYTES: usize = 64 * 1024;

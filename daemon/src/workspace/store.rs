@@ -18,9 +18,9 @@ use crate::error::{ToolError, ToolResult};
 pub const STRUCTURAL_PAGES: [&str; 3] = ["wiki/index.md", "wiki/log.md", "wiki/SCHEMA.md"];
 
 const TEMPLATES: [(&str, &str); 3] = [
-    ("index.md", include_str!("../templates/index.md")),
-    ("log.md", include_str!("../templates/log.md")),
-    ("SCHEMA.md", include_str!("../templates/SCHEMA.md")),
+    ("index.md", include_str!("../../templates/index.md")),
+    ("log.md", include_str!("../../templates/log.md")),
+    ("SCHEMA.md", include_str!("../../templates/SCHEMA.md")),
 ];
 
 const WORKSPACE_GITIGNORE: &str =
@@ -49,7 +49,7 @@ pub struct WorkspaceState {
     pub index_lock: Mutex<()>,
     /// Serializes changes to the workspace's files and git repository (in-process
     /// condvar + fcntl on `.lock`).
-    pub lock: crate::write::WorkspaceLock,
+    pub lock: crate::workspace::WorkspaceLock,
     /// Set once the index has caught up with the disk since the daemon started.
     pub caught_up: std::sync::atomic::AtomicBool,
     /// The workspace's repository, opened once (opening re-reads git's config files).
@@ -157,9 +157,9 @@ impl Store {
             }
             paths.sort();
             paths.dedup();
-            if let Err(error) =
-                state.with_repo(&root, |repo| crate::git::sync_index(repo, &root, &paths))
-            {
+            if let Err(error) = state.with_repo(&root, |repo| {
+                crate::workspace::git::sync_index(repo, &root, &paths)
+            }) {
                 tracing::warn!(workspace = %slug, %error, "cannot update git's index");
                 for path in paths {
                     state.index_pending(&path);

@@ -1,0 +1,87 @@
+//! The `delete` tool: soft delete of a wiki page into `.trash/`.
+
+use std::fs;
+
+use alexandria_proto::{Binding, ErrorCode};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{Caller, wiki_target};
+use super::{ToolOutput, resolve_workspace};
+use crate::commit::{
+    Manifest, RunDirCleanup, RunState, finish, io_error, lock_workspace, new_run_id, read_current,
+    run_dir, save_manifest,
+};
+use crate::db::now_ms;
+use crate::error::{ToolError, ToolResult};
+use crate::workspace::{STRUCTURAL_PAGES, Store, revision};
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteParams {
+    /// Workspace slug. Required in open sessions; defaults to the pinned workspace.
+    pub workspace: Option<String>,
+    /// The page to soft-delete, under wiki/.
+    pub path: String,
+}
+
+/// The `delete` tool: soft delete into `.trash/`.
+pub fn delete(
+    store: &Store,
+    binding: &Binding,
+    caller: &Caller,
+    params: DeleteParams,
+) -> ToolResult<ToolOutput> {
+    let workspace = resolve_workspace(store, binding, params.workspace.as_deref())?;
+    let (path, absolute) = wiki_target(store, &workspace, &params.path, true)?;
+    if STRUCTURAL_PAGES.contains(&path.as_str()) {
+        return Err(ToolError::new(
+            ErrorCode::ProtectedPath,
+            format!("{path} is a structural page of the wiki"),
+            "edit it with write(command=\"str_replace\") instead of deleting it",
+        ));
+    }
+    let run_id = new_run_id();
+    let dir = run_dir(store, &workspace, &run_id);
+    let stamp = crate::tools::iso_time(now_ms()).replace(':', "-");
+    let trash_path = format!(".trash/{stamp}_{}/{path}", &run_id[run_id.len() - 8..]);
+    let mut manifest = Manifest {
+        run_id: run_id.clone(),
+        workspace: workspace.clone(),
+        tool: "delete".into(),
+        op: "delete".into(),
+        path: path.clone(),
+        state: RunState::Staged,
+        client: caller.client.clone(),
+        session: caller.session.clone(),
+        started_at: now_ms(),
+        old_rev: None,
+        new_rev: None,
+        trash_path: Some(trash_path.clone()),
+        summary: format!("delete {path} (kept in {trash_path})"),
+    };
+    fs::create_dir_all(&dir).map_err(|e| io_error("staging the delete", e))?;
+    let cleanup = RunDirCleanup(dir.clone());
+    save_manifest(&dir, &manifest)?;
+    let state = store.state(&workspace);
+    let lock = lock_workspace(store, &state, &workspace, &run_id)?;
+    let Some(current) = read_current(&absolute)? else {
+        return Err(ToolError::not_found(&path));
+    };
+    manifest.old_rev = Some(revision(&current));
+    manifest.state = RunState::Prepared;
+    save_manifest(&dir, &manifest)?;
+    let commit = finish(store, &manifest, lock, cleanup)?;
+    Ok(ToolOutput {
+        text: format!("deleted {path}; a copy is kept in {trash_path} (run {run_id})"),
+        structured: json!({
+            "workspace": workspace,
+            "path": path,
+            "trash_path": trash_path,
+            "run_id": run_id,
+            "commit": commit,
+        }),
+        images: Vec::new(),
+    })
+}

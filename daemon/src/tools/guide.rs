@@ -1,0 +1,154 @@
+//! The `guide` tool: how the wiki works, the workspaces or one workspace's state.
+
+use std::fmt::Write as _;
+
+use alexandria_proto::Binding;
+use rusqlite::params;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::params::iso_time;
+use super::{ToolOutput, resolve_workspace};
+use crate::error::ToolResult;
+use crate::index::{self};
+use crate::workspace::Store;
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GuideParams {
+    /// Workspace slug to describe. Omit to list every workspace this session can use
+    /// (in a pinned session it defaults to the pinned workspace).
+    pub workspace: Option<String>,
+}
+
+const GUIDE_INTRO: &str = "alexandria is the user's local, git-backed markdown wiki (not the web, not a code index). Each workspace has two layers:\n- raw/: immutable sources (notes, PDFs, transcripts, images). Read and cite, never edit.\n- wiki/: markdown pages maintained by agents: summaries, topics, entities. wiki/index.md is the map, wiki/log.md the chronological log, wiki/SCHEMA.md the conventions (read it before writing).\nCitations: footnotes `[^1]: raw/paper.pdf, p.3` (or p.3-5) or links `[text](raw/notes.md)`; cited files and PDF pages must exist.\nLoop: guide → search (mode=search ranked full text, mode=list globs like wiki/** or raw/*.pdf) → read (pages=\"1-3\" for PDFs, sections=[\"Heading\"] for markdown) → write.";
+
+pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResult<ToolOutput> {
+    let describe_one = match (binding, params.workspace.as_deref()) {
+        (Binding::Open, None) => None,
+        _ => Some(resolve_workspace(
+            store,
+            binding,
+            params.workspace.as_deref(),
+        )?),
+    };
+    let connection = store.pool.get()?;
+    let mut text = String::from(GUIDE_INTRO);
+    text.push_str("\n\n");
+    match describe_one {
+        None => {
+            let mut workspaces = Vec::new();
+            let _ = writeln!(
+                text,
+                "Workspaces (pass one as workspace=\"<slug>\" on every call):"
+            );
+            for slug in store.list_workspaces() {
+                index::ensure_caught_up(store, &slug)?;
+                let counts = index::counts(&connection, &slug, 0)?;
+                let last = last_change(&connection, &slug)?;
+                let _ = writeln!(
+                    text,
+                    "- {slug}: {} wiki pages, {} raw sources{}",
+                    counts.wiki,
+                    counts.raw,
+                    last.as_ref()
+                        .map(|(ts, path)| format!(", last change {} ({path})", iso_time(*ts)))
+                        .unwrap_or_default()
+                );
+                workspaces.push(json!({
+                    "workspace": slug,
+                    "wiki_pages": counts.wiki,
+                    "raw_sources": counts.raw,
+                    "last_change": last.map(|(ts, path)| json!({"ts": iso_time(ts), "path": path})),
+                }));
+            }
+            Ok(ToolOutput {
+                text,
+                structured: json!({"mode": "open", "workspaces": workspaces}),
+                images: Vec::new(),
+            })
+        }
+        Some(slug) => {
+            let counts = index::counts(&connection, &slug, 20)?;
+            let pending: i64 = connection.query_row(
+                "SELECT count(*) FROM subscription_items WHERE workspace = ?1 AND ingested_at IS NULL",
+                params![slug],
+                |row| row.get(0),
+            )?;
+            let mut statement = connection.prepare_cached(
+                "SELECT ts, op, path, origin, run_id FROM wiki_log_entries WHERE workspace = ?1 ORDER BY ts DESC, id DESC LIMIT 10",
+            )?;
+            let history: Vec<Value> = statement
+                .query_map(params![slug], |row| {
+                    Ok(json!({
+                        "ts": iso_time(row.get(0)?),
+                        "op": row.get::<_, String>(1)?,
+                        "path": row.get::<_, String>(2)?,
+                        "origin": row.get::<_, String>(3)?,
+                        "run_id": row.get::<_, Option<String>>(4)?,
+                    }))
+                })?
+                .collect::<Result<_, _>>()?;
+            let mode = match binding {
+                Binding::Open => "open",
+                Binding::Pinned { .. } => "pinned",
+            };
+            let _ = writeln!(
+                text,
+                "Workspace '{slug}' ({mode} session): {} wiki pages, {} raw sources, {pending} pending subscription items.",
+                counts.wiki, counts.raw
+            );
+            if history.is_empty() {
+                text.push_str("Recent history: none yet.\n");
+            } else {
+                text.push_str("Recent history (newest first):\n");
+                for entry in &history {
+                    let _ = writeln!(
+                        text,
+                        "- {} {} {} ({})",
+                        entry["ts"].as_str().unwrap_or(""),
+                        entry["op"].as_str().unwrap_or(""),
+                        entry["path"].as_str().unwrap_or(""),
+                        entry["origin"].as_str().unwrap_or("")
+                    );
+                }
+            }
+            if counts.uncited.is_empty() {
+                text.push_str("Uncited sources: none.\n");
+            } else {
+                text.push_str(
+                    "Raw sources no wiki page cites yet (candidates to ingest into the wiki):\n",
+                );
+                for path in &counts.uncited {
+                    let _ = writeln!(text, "- {path}");
+                }
+            }
+            Ok(ToolOutput {
+                text,
+                structured: json!({
+                    "mode": mode,
+                    "workspace": slug,
+                    "wiki_pages": counts.wiki,
+                    "raw_sources": counts.raw,
+                    "pending_subscription_items": pending,
+                    "recent_history": history,
+                    "uncited_sources": counts.uncited,
+                    "schema_page": "wiki/SCHEMA.md",
+                }),
+                images: Vec::new(),
+            })
+        }
+    }
+}
+
+fn last_change(connection: &rusqlite::Connection, slug: &str) -> ToolResult<Option<(i64, String)>> {
+    use rusqlite::OptionalExtension;
+    Ok(connection
+        .query_row(
+            "SELECT ts, path FROM wiki_log_entries WHERE workspace = ?1 ORDER BY ts DESC, id DESC LIMIT 1",
+            params![slug],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()?)
+}

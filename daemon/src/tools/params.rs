@@ -1,0 +1,158 @@
+//! Parameter helpers shared by the tools: path-glob scopes, cursors, times.
+
+use alexandria_proto::paths::{self, Layer};
+
+use crate::error::{ToolError, ToolResult};
+
+/// Milliseconds since the epoch as an RFC 3339 UTC timestamp.
+pub fn iso_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant), proleptic Gregorian.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// A caller's path glob, checked: the matcher, a SQL GLOB prefilter, the layer.
+pub(crate) struct Scope {
+    pub(crate) matcher: globset::GlobMatcher,
+    pub(crate) sql: String,
+    pub(crate) layer: Layer,
+}
+
+pub(crate) fn scope(path: &str) -> ToolResult<Scope> {
+    let checked = paths::validate_workspace_path(path, true)
+        .map_err(|e| ToolError::invalid_path(e.message).with_detail("path", path))?;
+    let pattern = if checked.rest().is_empty() {
+        format!("{}/**", checked.path)
+    } else {
+        checked.path.clone()
+    };
+    let matcher = globset::GlobBuilder::new(&pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| {
+            ToolError::invalid_argument(
+                format!("'{path}' is not a valid glob: {e}"),
+                "use * within a directory, ** across directories, {a,b} for alternatives",
+            )
+        })?
+        .compile_matcher();
+    // SQLite GLOB prefilter: a superset of the glob (its * also matches '/').
+    let mut sql = String::new();
+    let mut in_braces = false;
+    for c in pattern.chars() {
+        match c {
+            '{' => {
+                in_braces = true;
+                sql.push('*');
+            }
+            '}' => in_braces = false,
+            _ if in_braces => {}
+            _ => sql.push(c),
+        }
+    }
+    let sql = sql.replace("**", "*").replace("[!", "[^");
+    Ok(Scope {
+        matcher,
+        sql,
+        layer: checked.layer,
+    })
+}
+
+pub(crate) fn parse_cursor(cursor: Option<&str>) -> ToolResult<usize> {
+    match cursor.map(str::trim).filter(|c| !c.is_empty()) {
+        None => Ok(0),
+        Some(c) => c.parse().map_err(|_| {
+            ToolError::invalid_argument(
+                format!("'{c}' is not a cursor this server issued"),
+                "pass the next_cursor value from the previous result unchanged, or omit cursor",
+            )
+        }),
+    }
+}
+
+/// Parse a time bound into epoch milliseconds.
+pub fn parse_time(text: &str, now: i64) -> Option<i64> {
+    let text = text.trim();
+    if let Some(unit) = text.chars().last().filter(|c| c.is_ascii_alphabetic())
+        && let Ok(amount) = text[..text.len() - 1].parse::<i64>()
+    {
+        let ms = match unit {
+            's' => 1000,
+            'm' => 60_000,
+            'h' => 3_600_000,
+            'd' => 86_400_000,
+            'w' => 604_800_000,
+            _ => return None,
+        };
+        return Some(now - amount * ms);
+    }
+    let bytes = text.as_bytes();
+    let number = |range: std::ops::Range<usize>| -> Option<i64> { text.get(range)?.parse().ok() };
+    if bytes.len() < 10 || bytes[4] != b'-' || bytes[7] != b'-' {
+        return None;
+    }
+    let (y, m, d) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let (mut hh, mut mm, mut ss) = (0, 0, 0);
+    if bytes.len() >= 19 && matches!(bytes[10], b'T' | b' ') {
+        hh = number(11..13)?;
+        mm = number(14..16)?;
+        ss = number(17..19)?;
+    } else if bytes.len() != 10 {
+        return None;
+    }
+    // Days from civil (Howard Hinnant).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400) + hh * 3600 + mm * 60 + ss) * 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(iso_time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso_time(1_700_000_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(iso_time(951_782_400_000), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn times_parse() {
+        let now = 1_000_000_000_000;
+        assert_eq!(parse_time("24h", now), Some(now - 86_400_000));
+        assert_eq!(
+            parse_time("2023-11-14T22:13:20Z", now),
+            Some(1_700_000_000_000)
+        );
+        assert_eq!(parse_time("2000-02-29", now), Some(951_782_400_000));
+        for bad in ["yesterday", "2023-13-01", "2023-11-14T", "5x", ""] {
+            assert_eq!(parse_time(bad, now), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The `search` tool: ranked full-text search (`mode=search`) and path globs (`mode=list`).
+
+use std::fmt::Write as _;
+
+use alexandria_proto::Binding;
+use alexandria_proto::paths::Layer;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::params::{parse_cursor, scope};
+use super::{ToolOutput, resolve_workspace};
+use crate::error::{ToolError, ToolResult};
+use crate::index::{self, SearchQuery};
+use crate::workspace::Store;
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchMode {
+    /// List files whose path matches `path` (a glob).
+    List,
+    /// Ranked full-text search for `query`.
+    Search,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerArg {
+    Wiki,
+    Raw,
+    All,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchParams {
+    /// Workspace slug. Required in open sessions; defaults to the pinned workspace.
+    pub workspace: Option<String>,
+    /// `search` (default when `query` is given): ranked full-text search.
+    /// `list`: list files matching `path`.
+    pub mode: Option<SearchMode>,
+    /// Words to find (all must match), "an exact phrase", prefix*, OR/NOT.
+    pub query: Option<String>,
+    /// Glob that scopes the paths, e.g. `wiki/**`, `raw/*.pdf`, `wiki/topics/*`.
+    pub path: Option<String>,
+    /// Which layer to search: `wiki`, `raw` or `all` (default).
+    pub layer: Option<LayerArg>,
+    /// Maximum results (default 10 for search, 200 for list; at most 1000).
+    pub limit: Option<u32>,
+    /// `next_cursor` from a previous call, to get the next page of results.
+    pub cursor: Option<String>,
+}
+
+pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolResult<ToolOutput> {
+    let slug = resolve_workspace(store, binding, params.workspace.as_deref())?;
+    let query = params
+        .query
+        .as_deref()
+        .map(str::trim)
+        .filter(|q| !q.is_empty());
+    let mode = params.mode.unwrap_or(if query.is_some() {
+        SearchMode::Search
+    } else {
+        SearchMode::List
+    });
+    let scope = params.path.as_deref().map(scope).transpose()?;
+    let layer = match (params.layer.unwrap_or(LayerArg::All), &scope) {
+        (_, Some(scope)) => Some(scope.layer),
+        (LayerArg::Wiki, None) => Some(Layer::Wiki),
+        (LayerArg::Raw, None) => Some(Layer::Raw),
+        (LayerArg::All, None) => None,
+    };
+    let offset = parse_cursor(params.cursor.as_deref())?;
+    let connection = store.pool.get()?;
+    match mode {
+        SearchMode::Search => {
+            let Some(query) = query else {
+                return Err(ToolError::invalid_argument(
+                    "mode=search needs a query",
+                    "pass query=\"words to find\", or mode=\"list\" with a path glob",
+                ));
+            };
+            let limit = params.limit.unwrap_or(10).clamp(1, 1000) as usize;
+            let (hits, more) = index::search(
+                &connection,
+                &SearchQuery {
+                    workspace: &slug,
+                    query,
+                    layer,
+                    scope: scope.as_ref().map(|s| &s.matcher),
+                    scope_sql: scope.as_ref().map(|s| s.sql.clone()),
+                    limit,
+                    offset,
+                },
+            )?;
+            let next_cursor = more.then(|| (offset + hits.len()).to_string());
+            let mut text = if hits.is_empty() {
+                format!(
+                    "No matches for {query:?} in workspace '{slug}'. Try fewer or other words, word* prefixes, or layer=\"all\".\n"
+                )
+            } else {
+                format!(
+                    "{} matches for {query:?} in workspace '{slug}' (best first):\n",
+                    hits.len()
+                )
+            };
+            for (i, hit) in hits.iter().enumerate() {
+                let page = hit.page.map(|p| format!(", p.{p}")).unwrap_or_default();
+                let heading = if hit.heading.is_empty() {
+                    String::new()
+                } else {
+                    format!(" — {}", hit.heading)
+                };
+                let _ = writeln!(
+                    text,
+                    "{}. {}{page}{heading}\n   {}",
+                    offset + i + 1,
+                    hit.path,
+                    hit.snippet.replace('\n', " ")
+                );
+            }
+            if let Some(cursor) = &next_cursor {
+                let _ = writeln!(text, "More results: call again with cursor=\"{cursor}\".");
+            }
+            Ok(ToolOutput {
+                text,
+                structured: json!({
+                    "mode": "search",
+                    "workspace": slug,
+                    "query": query,
+                    "hits": hits,
+                    "next_cursor": next_cursor,
+                }),
+                images: Vec::new(),
+            })
+        }
+        SearchMode::List => {
+            let limit = params.limit.unwrap_or(200).clamp(1, 1000) as usize;
+            let files = index::list(
+                &connection,
+                &slug,
+                layer,
+                scope.as_ref().map(|s| &s.matcher),
+                scope.as_ref().map(|s| s.sql.as_str()),
+            )?;
+            let total = files.len();
+            let page: Vec<_> = files.into_iter().skip(offset).take(limit).collect();
+            let next_cursor =
+                (offset + page.len() < total).then(|| (offset + page.len()).to_string());
+            let mut text = format!(
+                "{total} files in workspace '{slug}'{}{}:\n",
+                params
+                    .path
+                    .as_deref()
+                    .map(|p| format!(" matching {p}"))
+                    .unwrap_or_default(),
+                if offset > 0 {
+                    format!(" (from #{})", offset + 1)
+                } else {
+                    String::new()
+                }
+            );
+            let mut listed = Vec::with_capacity(page.len());
+            for file in &page {
+                let detail = match (file.kind.as_str(), file.pages, &file.title) {
+                    ("pdf", Some(pages), _) => format!("pdf, {pages} pages"),
+                    (_, _, Some(title)) => format!("{} — {title}", file.kind),
+                    (kind, _, None) => kind.to_string(),
+                };
+                let _ = writeln!(text, "- {} ({detail}, {} bytes)", file.path, file.size);
+                listed.push(json!({
+                    "path": file.path,
+                    "kind": file.kind,
+                    "size": file.size,
+                    "pages": file.pages,
+                    "title": file.title,
+                    "rev": file.rev,
+                }));
+            }
+            if let Some(cursor) = &next_cursor {
+                let _ = writeln!(text, "More: call again with cursor=\"{cursor}\".");
+            }
+            Ok(ToolOutput {
+                text,
+                structured: json!({
+                    "mode": "list",
+                    "workspace": slug,
+                    "total": total,
+                    "files": listed,
+                    "next_cursor": next_cursor,
+                }),
+                images: Vec::new(),
+            })
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The `write` tool: `create`, `str_replace`, `append` on `wiki/` pages, citations
+//! checked; the commit path itself is `commit`.
+
+use std::fs;
+
+use alexandria_proto::paths::{self, Layer};
+use alexandria_proto::{Binding, ErrorCode};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{Caller, wiki_target};
+use super::{ToolOutput, resolve_workspace};
+use crate::commit::{
+    Manifest, RunDirCleanup, RunState, finish, io_error, lock_workspace, new_run_id, read_current,
+    run_dir, save_manifest, write_durably,
+};
+use crate::db::now_ms;
+use crate::error::{ToolError, ToolResult};
+use crate::faults::crash_point;
+use crate::index::extract::Kind;
+use crate::index::markdown;
+use crate::index::{self};
+use crate::workspace::{Store, revision};
+
+/// Largest page a write may produce.
+pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WriteCommand {
+    /// Create a new page with `content` (fails if it exists).
+    Create,
+    /// Replace the one occurrence of `old_str` with `new_str`.
+    StrReplace,
+    /// Append `content` to the end of an existing page.
+    Append,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteParams {
+    /// Workspace slug. Required in open sessions; defaults to the pinned workspace.
+    pub workspace: Option<String>,
+    /// `create`, `str_replace` or `append`.
+    pub command: WriteCommand,
+    /// The page, under wiki/ (e.g. `wiki/topics/sea-stars.md`).
+    pub path: String,
+    /// Page text for `create`, text to add for `append`.
+    pub content: Option<String>,
+    /// For `str_replace`: the exact text to replace; must occur exactly once.
+    pub old_str: Option<String>,
+    /// For `str_replace`: the replacement text.
+    pub new_str: Option<String>,
+    /// The `rev` you read; if the page changed since, the write is refused with
+    /// `stale_plan` so you can re-read and re-plan.
+    pub base_rev: Option<String>,
+}
+
+/// Every citation in `text` that names a missing raw file or a page past the end.
+pub fn check_citations(store: &Store, workspace: &str, text: &str) -> ToolResult<()> {
+    let mut problems = Vec::new();
+    for citation in markdown::citations(text) {
+        let target = &citation.target;
+        let checked = match paths::validate_workspace_path(target, false) {
+            Ok(p) if p.layer == Layer::Raw => p,
+            _ => {
+                problems.push(json!({"citation": target, "problem": "not a valid raw/ path"}));
+                continue;
+            }
+        };
+        let absolute = match store.resolve(workspace, &checked) {
+            Ok(path) if path.is_file() => path,
+            _ => {
+                problems.push(json!({"citation": target, "problem": "no such file in raw/"}));
+                continue;
+            }
+        };
+        if let Some((from, to)) = citation.pages {
+            if Kind::of(&absolute) != Kind::Pdf {
+                problems.push(json!({"citation": target, "problem": format!("p.{from}: page numbers apply to PDFs only")}));
+                continue;
+            }
+            let record = index::ensure_fresh(store, workspace, &checked.path, &absolute)?;
+            let count = record.pages.unwrap_or(0);
+            if from == 0 || i64::from(to) > count {
+                problems.push(json!({
+                    "citation": target,
+                    "problem": format!("p.{from}-{to} is beyond the document's {count} pages"),
+                    "page_count": count,
+                }));
+            }
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let listing: Vec<String> = problems
+        .iter()
+        .map(|p| {
+            format!(
+                "{} ({})",
+                p["citation"].as_str().unwrap_or(""),
+                p["problem"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    Err(ToolError::new(
+        ErrorCode::CitationInvalid,
+        format!("{} citation(s) are invalid: {}", problems.len(), listing.join("; ")),
+        "cite files that exist in raw/ (search with layer=\"raw\" or mode=\"list\") and PDF pages within their page count; nothing was written",
+    )
+    .with_detail("citations", problems))
+}
+
+fn require_arg<'a>(value: &'a Option<String>, name: &str, command: &str) -> ToolResult<&'a str> {
+    value.as_deref().ok_or_else(|| {
+        ToolError::invalid_argument(
+            format!("{command} needs {name}"),
+            format!("pass {name}=\"…\""),
+        )
+    })
+}
+
+/// The `write` tool.
+pub fn write(
+    store: &Store,
+    binding: &Binding,
+    caller: &Caller,
+    params: WriteParams,
+) -> ToolResult<ToolOutput> {
+    let workspace = resolve_workspace(store, binding, params.workspace.as_deref())?;
+    let (path, absolute) = wiki_target(store, &workspace, &params.path, false)?;
+    let command = params.command;
+    let command_name = match command {
+        WriteCommand::Create => "create",
+        WriteCommand::StrReplace => "str_replace",
+        WriteCommand::Append => "append",
+    };
+    // Stage: the payload, validated, before any lock.
+    let payload = match command {
+        WriteCommand::Create | WriteCommand::Append => {
+            require_arg(&params.content, "content", command_name)?.to_string()
+        }
+        WriteCommand::StrReplace => {
+            let old = require_arg(&params.old_str, "old_str", command_name)?;
+            if old.is_empty() {
+                return Err(ToolError::invalid_argument(
+                    "old_str is empty",
+                    "pass the exact text to replace",
+                ));
+            }
+            require_arg(&params.new_str, "new_str", command_name)?.to_string()
+        }
+    };
+    if payload.len() > MAX_PAGE_BYTES {
+        return Err(ToolError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "the text is {} bytes; a page may have at most {MAX_PAGE_BYTES}",
+                payload.len()
+            ),
+            "split it into several pages",
+        ));
+    }
+    check_citations(store, &workspace, &payload)?;
+    let run_id = new_run_id();
+    let dir = run_dir(store, &workspace, &run_id);
+    let mut manifest = Manifest {
+        run_id: run_id.clone(),
+        workspace: workspace.clone(),
+        tool: "write".into(),
+        op: command_name.into(),
+        path: path.clone(),
+        state: RunState::Staged,
+        client: caller.client.clone(),
+        session: caller.session.clone(),
+        started_at: now_ms(),
+        old_rev: None,
+        new_rev: None,
+        trash_path: None,
+        summary: String::new(),
+    };
+    fs::create_dir_all(dir.join("staged")).map_err(|e| io_error("staging the write", e))?;
+    let cleanup = RunDirCleanup(dir.clone());
+    write_durably(&dir.join("staged").join("payload"), payload.as_bytes())
+        .map_err(|e| io_error("staging the write", e))?;
+    save_manifest(&dir, &manifest)?;
+    crash_point("after_stage");
+
+    // Lock, check, commit.
+    let state = store.state(&workspace);
+    let lock = lock_workspace(store, &state, &workspace, &run_id)?;
+    crash_point("after_lock");
+    let current = read_current(&absolute)?;
+    let current_rev = current.as_deref().map(revision);
+    if let Some(base) = params
+        .base_rev
+        .as_deref()
+        .map(str::trim)
+        .filter(|b| !b.is_empty())
+        && current_rev.as_deref() != Some(base)
+        && !current_rev
+            .as_deref()
+            .is_some_and(|r| r.starts_with(base) && base.len() >= 7)
+    {
+        return Err(ToolError::new(
+            ErrorCode::StalePlan,
+            format!(
+                "{path} changed since rev {base}: it is now {}",
+                current_rev.as_deref().unwrap_or("deleted")
+            ),
+            "read the page again and re-plan the edit against its current text",
+        )
+        .with_detail("current_rev", current_rev.clone()));
+    }
+    let current_text = current.as_deref().map(String::from_utf8_lossy);
+    let new_text = match (command, current_text) {
+        (WriteCommand::Create, Some(_)) => {
+            return Err(ToolError::invalid_argument(
+                format!("{path} already exists"),
+                "read it, then use str_replace or append to change it (create never overwrites)",
+            )
+            .with_detail("rev", current_rev.clone()));
+        }
+        (WriteCommand::Create, None) => payload.clone(),
+        (_, None) => return Err(ToolError::not_found(&path)),
+        (WriteCommand::Append, Some(text)) => {
+            let mut text = text.into_owned();
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&payload);
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text
+        }
+        (WriteCommand::StrReplace, Some(text)) => {
+            let old = params.old_str.as_deref().unwrap_or_default();
+            let count = text.matches(old).count();
+            match count {
+                0 => {
+                    return Err(ToolError::new(
+                        ErrorCode::NoMatch,
+                        format!("old_str does not occur in {path}"),
+                        "read the page again and copy the exact text (whitespace included)",
+                    ));
+                }
+                1 => text.replacen(old, &payload, 1),
+                n => {
+                    return Err(ToolError::new(
+                        ErrorCode::AmbiguousMatch,
+                        format!("old_str occurs {n} times in {path}"),
+                        "include more surrounding text in old_str so it occurs exactly once",
+                    )
+                    .with_detail("occurrences", n));
+                }
+            }
+        }
+    };
+    if new_text.len() > MAX_PAGE_BYTES {
+        return Err(ToolError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "the page would be {} bytes; a page may have at most {MAX_PAGE_BYTES}",
+                new_text.len()
+            ),
+            "split it into several pages",
+        ));
+    }
+    let new_rev = revision(new_text.as_bytes());
+    write_durably(&dir.join("final"), new_text.as_bytes())
+        .map_err(|e| io_error("preparing the write", e))?;
+    manifest.state = RunState::Prepared;
+    manifest.old_rev = current_rev;
+    manifest.new_rev = Some(new_rev.clone());
+    manifest.summary = format!("{command_name} {path}");
+    save_manifest(&dir, &manifest)?;
+    let commit = finish(store, &manifest, lock, cleanup)?;
+    let title = markdown::title(&new_text);
+    Ok(ToolOutput {
+        text: format!(
+            "{command_name}: {path} is now at rev {new_rev} (run {run_id}, commit {})",
+            &commit[..commit.len().min(12)]
+        ),
+        structured: json!({
+            "workspace": workspace,
+            "path": path,
+            "command": command_name,
+            "rev": new_rev,
+            "run_id": run_id,
+            "commit": commit,
+            "title": title,
+        }),
+        images: Vec::new(),
+    })
+}

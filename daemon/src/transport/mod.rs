@@ -1,0 +1,9 @@
+//! How requests reach the daemon: the Unix socket (`socket`: peer check, handshake,
+//! frames to rmcp), Streamable HTTP (`http`), and the CLI's control requests (`control`).
+//!
+//! May import: `context`, `mcp`, `tools`, `commit`, `index`, `workspace`, `auth`. Only
+//! this folder knows sockets and HTTP. The life cycle (`lifecycle`) sits above it.
+
+pub mod control;
+pub mod http;
+pub mod socket;

@@ -1,0 +1,12 @@
+//! Workspaces on disk: the home layout, each workspace's git repository, path
+//! confinement (`store`), the workspace lock (`lock`), and git primitives (`git`).
+//!
+//! May import: `db`, `config`, `error`. Nothing above it: the index, the commit path
+//! and the tools build on this.
+
+pub mod git;
+pub mod lock;
+pub mod store;
+
+pub use lock::{LockGuard, WorkspaceLock};
+pub use store::*;
