@@ -44,7 +44,21 @@ pub struct Connector {
 }
 
 impl Connector {
-    pub fn from_env() -> Result<Connector> {
+    /// The home given by `--home` (made absolute), else `$ALEXANDRIA_HOME`, else
+    /// `~/.alexandria`.
+    pub fn for_home(flag: Option<&Path>) -> Result<Connector> {
+        if let Some(dir) = flag {
+            let dir = if dir.is_absolute() {
+                dir.to_path_buf()
+            } else {
+                std::env::current_dir()
+                    .context("cannot read the current directory to resolve --home")?
+                    .join(dir)
+            };
+            return Ok(Connector {
+                home: Home::new(dir),
+            });
+        }
         let home = Home::from_env().ok_or_else(|| {
             anyhow!("cannot locate the alexandria home: set ALEXANDRIA_HOME or HOME")
         })?;

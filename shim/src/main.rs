@@ -7,6 +7,7 @@ mod cli;
 mod connect;
 mod demo;
 mod install;
+mod nohome;
 mod pump;
 
 use std::process::ExitCode;
@@ -21,6 +22,9 @@ use clap::{Parser, Subcommand};
     long_about = "alexandria keeps markdown wikis (one git repository per workspace) and serves them to MCP clients through the alexandriad daemon.\nSet ALEXANDRIA_HOME to use another home than ~/.alexandria."
 )]
 struct Args {
+    /// The alexandria home to use (default: $ALEXANDRIA_HOME, else ~/.alexandria)
+    #[arg(long, global = true, value_name = "DIR")]
+    home: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -121,7 +125,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Command::Demo { keep } = args.command {
         return demo::run(keep);
     }
-    let connector = connect::Connector::from_env()?;
+    let connector = connect::Connector::for_home(args.home.as_deref())?;
     match args.command {
         Command::Demo { .. } => unreachable!("handled above"),
         Command::Mcp(McpCommand::Serve { workspace }) => {
@@ -132,6 +136,10 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
                 None => alexandria_proto::Binding::Open,
             };
+            if let Some(problem) = nohome::check(&connector.home, args.home.is_some()) {
+                nohome::serve(&problem)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             pump::serve(connector, pump::PumpConfig { binding })?;
             Ok(ExitCode::SUCCESS)
         }
@@ -149,9 +157,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Daemon(DaemonCommand::Status { json }) => cli::daemon_status(&connector, json),
         Command::Daemon(DaemonCommand::Run(daemon)) => cli::daemon_run(&connector, &daemon),
         Command::Daemon(DaemonCommand::Auth(auth)) => cli::auth(&connector, auth),
-        Command::Mcp(McpCommand::Install(args)) => install::mcp_install(&args),
+        Command::Mcp(McpCommand::Install(args)) => install::mcp_install(&args, &connector.home),
         Command::Mcp(McpCommand::Uninstall(args)) => install::mcp_uninstall(&args),
-        Command::Daemon(DaemonCommand::InstallService(args)) => install::install_service(&args),
+        Command::Daemon(DaemonCommand::InstallService(args)) => {
+            install::install_service(&args, &connector.home)
+        }
         Command::Daemon(DaemonCommand::UninstallService(args)) => install::uninstall_service(&args),
     }
 }

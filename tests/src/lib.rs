@@ -166,19 +166,16 @@ impl Env {
 
     /// A shim speaking raw JSON-RPC lines.
     pub fn raw_shim(&self, pinned: Option<&str>) -> RawShim {
-        let mut child = self
-            .shim_command(pinned)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn shim");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        RawShim {
-            child,
-            stdin: Some(stdin),
-            stdout,
+        RawShim::spawn(self.shim_command(pinned))
+    }
+
+    /// Give the home a `config.toml` (empty: defaults) without starting anything, as if
+    /// `alexandria init` had run but no daemon is up. A shim refuses a home without one.
+    pub fn set_up_home(&self) {
+        std::fs::create_dir_all(&self.home).expect("create home");
+        let config = self.home.join("config.toml");
+        if !config.exists() {
+            std::fs::write(config, "").expect("write config.toml");
         }
     }
 
@@ -237,6 +234,23 @@ pub struct RawShim {
 }
 
 impl RawShim {
+    /// Start `command` (an `alexandria mcp serve` as some client would) with piped stdio.
+    pub fn spawn(mut command: Command) -> RawShim {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn shim");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        RawShim {
+            child,
+            stdin: Some(stdin),
+            stdout,
+        }
+    }
+
     pub fn send(&mut self, frame: &Value) {
         self.send_raw(serde_json::to_string(frame).expect("json").as_bytes());
     }

@@ -353,6 +353,7 @@ async fn path_escapes_are_refused() -> anyhow::Result<()> {
 #[test]
 fn five_shims_start_exactly_one_daemon() {
     let env = Env::new();
+    env.set_up_home();
     let mut shims: Vec<_> = (0..5).map(|_| env.raw_shim(None)).collect();
     for shim in &mut shims {
         let reply = shim.initialize("2025-06-18");
@@ -384,6 +385,7 @@ fn five_shims_start_exactly_one_daemon() {
 #[test]
 fn a_stale_socket_is_recovered() {
     let env = Env::new();
+    env.set_up_home();
     let run = env.home.join("run");
     std::fs::create_dir_all(&run).expect("run dir");
     let socket = run.join("daemon.sock");
@@ -447,6 +449,7 @@ async fn sigkill_mid_call_errors_fast_and_the_next_call_works() -> anyhow::Resul
 #[test]
 fn malformed_oversized_and_unknown_frames_get_errors() {
     let env = Env::new();
+    env.set_up_home();
     let mut shim = env.raw_shim(None);
     shim.initialize("2025-06-18");
     shim.send_raw(b"{this is not json");
@@ -491,6 +494,7 @@ fn malformed_oversized_and_unknown_frames_get_errors() {
 #[test]
 fn protocol_eras() {
     let env = Env::new();
+    env.set_up_home();
     for version in ["2025-06-18", "2025-11-25"] {
         let mut shim = env.raw_shim(None);
         let reply = shim.initialize(version);
@@ -635,6 +639,7 @@ fn a_newer_protocol_client_replaces_the_daemon() {
 fn a_foreground_daemon_takes_over_from_a_spawned_one() {
     use std::io::BufRead;
     let env = Env::new();
+    env.set_up_home();
     let mut shim = env.raw_shim(None);
     shim.initialize("2025-06-18");
     let spawned = env.daemon_pid().expect("spawned daemon");

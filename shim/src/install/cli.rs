@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use alexandria_proto::Home;
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::clients::{Client, Env, Format, Scope, locate};
@@ -52,15 +53,26 @@ pub struct ServiceArgs {
     pub render: Option<ServiceKind>,
 }
 
-/// `alexandria mcp install <client>`
-pub fn mcp_install(args: &McpInstallArgs) -> Result<ExitCode> {
+/// `alexandria mcp install <client>`; `home` is the home this command runs against, which the
+/// entry must reach too.
+pub fn mcp_install(args: &McpInstallArgs, home: &Home) -> Result<ExitCode> {
     let request = Request::new(args)?;
     let command = own_executable()?;
     let mut serve_args = vec!["mcp".to_string(), "serve".to_string()];
     if let Some(slug) = &args.workspace {
         serve_args.extend(["--workspace".to_string(), slug.clone()]);
     }
-    let entry = args.client.entry(&command, &serve_args);
+    let entry_home = entry_home(home, &request.env)?;
+    let entry = args
+        .client
+        .entry(&command, &serve_args, entry_home.as_deref());
+    if !home.config_file().is_file() {
+        say!(
+            "note: {} is not set up yet (no config.toml); run `{}` before using the client",
+            home.root().display(),
+            init_command(home, &request.env)
+        );
+    }
     if request.uses_claude_cli()
         && let Some(claude) = claude_cli::find()
     {
@@ -102,8 +114,52 @@ pub fn mcp_uninstall(args: &McpInstallArgs) -> Result<ExitCode> {
     request.apply(&found, edit, None)
 }
 
+/// The home to write into an entry's `env`: `None` for the default home (`~/.alexandria`),
+/// which the shim finds without help.
+pub fn entry_home(home: &Home, env: &Env) -> Result<Option<String>> {
+    if is_default_home(home, env) {
+        return Ok(None);
+    }
+    let root = home.root();
+    root.to_str().map(|s| Some(s.to_string())).ok_or_else(|| {
+        anyhow!(
+            "the home {} is not a UTF-8 path, which client config files cannot hold; use a UTF-8 path",
+            root.display()
+        )
+    })
+}
+
+/// Whether `home` is `$HOME/.alexandria` (compared after resolving symlinks when both exist).
+pub fn is_default_home(home: &Home, env: &Env) -> bool {
+    let default = env.home.join(".alexandria");
+    if home.root() == default {
+        return true;
+    }
+    match (
+        std::fs::canonicalize(home.root()),
+        std::fs::canonicalize(&default),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The command that creates `home`: `alexandria init`, with the home named when it is not
+/// the default.
+pub fn init_command(home: &Home, env: &Env) -> String {
+    if is_default_home(home, env) {
+        "alexandria init".to_string()
+    } else {
+        format!(
+            "alexandria --home {} init",
+            claude_cli::shell_words(&[home.root().display().to_string()])
+        )
+    }
+}
+
 /// One install or uninstall: which client, which file.
 struct Request {
+    env: Env,
     client: Client,
     scope: Scope,
     path: PathBuf,
@@ -125,6 +181,7 @@ impl Request {
         };
         let (path, format) = locate(args.client, scope, &env);
         Ok(Request {
+            env,
             client: args.client,
             scope,
             path,
@@ -313,12 +370,12 @@ fn run_claude(
     Ok(())
 }
 
-/// `alexandria daemon install-service`
-pub fn install_service(args: &ServiceArgs) -> Result<ExitCode> {
+/// `alexandria daemon install-service` for the daemon of `home`.
+pub fn install_service(args: &ServiceArgs, home: &Home) -> Result<ExitCode> {
     let env = Env::from_process()?;
     let config = ServiceConfig {
         daemon: daemon_path()?,
-        alexandria_home: alexandria_home(&env),
+        alexandria_home: (!is_default_home(home, &env)).then(|| home.root().to_path_buf()),
         home: env.home.clone(),
     };
     if let Some(kind) = args.render {
@@ -490,6 +547,9 @@ fn print_entry(entry: &Entry, workspace: Option<&str>) {
         entry.command(),
         claude_cli::shell_words(entry.args())
     );
+    if let Some(home) = entry.home() {
+        say!("  env: {}={home}", super::entry::HOME_VAR);
+    }
     if let Some(slug) = workspace {
         say!("  pinned to workspace {slug}");
     }
@@ -552,15 +612,4 @@ fn daemon_path() -> Result<PathBuf> {
         );
     }
     Ok(sibling)
-}
-
-/// `$ALEXANDRIA_HOME` made absolute, when set.
-fn alexandria_home(env: &Env) -> Option<PathBuf> {
-    let home = std::env::var_os(alexandria_proto::home::HOME_ENV).filter(|v| !v.is_empty())?;
-    let home = PathBuf::from(home);
-    Some(if home.is_absolute() {
-        home
-    } else {
-        env.cwd.join(home)
-    })
 }

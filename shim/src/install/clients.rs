@@ -44,10 +44,11 @@ impl Client {
         )
     }
 
-    /// Our entry in this client's dialect.
-    pub fn entry(self, command: &str, args: &[String]) -> Entry {
+    /// Our entry in this client's dialect; `home` goes into its `env` (every client we
+    /// support takes one).
+    pub fn entry(self, command: &str, args: &[String], home: Option<&str>) -> Entry {
         let type_field = matches!(self, Client::ClaudeCode | Client::Vscode | Client::Continue);
-        Entry::stdio(type_field, command, args)
+        Entry::stdio(type_field, command, args, home)
     }
 
     /// What the user does next for the client to see the change.

@@ -4,7 +4,7 @@
 //! Codex wants one table per server under `mcp_servers` (not an array of tables). An existing
 //! entry keeps the keys we do not own (`env`, `startup_timeout_sec`, `enabled`, …).
 
-use toml_edit::{Array, DocumentMut, Item, Table, TableLike, Value};
+use toml_edit::{Array, DocumentMut, InlineTable, Item, Table, TableLike, Value};
 
 use super::entry::{Entry, FieldValue};
 use super::{Change, Edit, EditError};
@@ -25,6 +25,10 @@ pub fn upsert(text: Option<&str>, name: &str, entry: &Entry) -> Result<Edit, Edi
             Some(existing) if !REMOTE_KEYS.iter().any(|k| existing.contains_key(k)) => {
                 let mut changed = false;
                 for (key, value) in &entry.fields {
+                    if let FieldValue::Env(vars) = value {
+                        changed |= patch_env(existing, key, vars);
+                        continue;
+                    }
                     if existing.get(key).and_then(Item::as_value).map(field_of)
                         != Some(Some(value.clone()))
                     {
@@ -108,9 +112,41 @@ fn servers_table(
     })
 }
 
+/// Set or remove our variables in the server's `env` (inline `env = { … }` or an
+/// `[mcp_servers.x.env]` table), keeping the user's. Returns whether anything changed.
+fn patch_env(server: &mut dyn TableLike, key: &str, vars: &[(String, Option<String>)]) -> bool {
+    let value = FieldValue::Env(vars.to_vec());
+    let Some(env) = server.get_mut(key).and_then(Item::as_table_like_mut) else {
+        if value.is_empty_env() {
+            return false;
+        }
+        server.insert(key, Item::Value(toml_value(&value)));
+        return true;
+    };
+    let mut changed = false;
+    for (name, wanted) in vars {
+        let current = env.get(name).and_then(Item::as_str).map(str::to_string);
+        match wanted {
+            Some(wanted) if current.as_deref() != Some(wanted.as_str()) => {
+                env.insert(name, Item::Value(Value::from(wanted.as_str())));
+                changed = true;
+            }
+            None if env.contains_key(name) => {
+                env.remove(name);
+                changed = true;
+            }
+            _ => {}
+        }
+    }
+    if changed && env.is_empty() {
+        server.remove(key);
+    }
+    changed
+}
+
 fn new_table(entry: &Entry) -> Table {
     let mut table = Table::new();
-    for (key, value) in &entry.fields {
+    for (key, value) in entry.new_fields() {
         table.insert(key, Item::Value(toml_value(value)));
     }
     table
@@ -122,6 +158,11 @@ fn toml_value(value: &FieldValue) -> Value {
         FieldValue::List(items) => {
             Value::Array(items.iter().map(String::as_str).collect::<Array>())
         }
+        FieldValue::Env(vars) => Value::InlineTable(
+            vars.iter()
+                .filter_map(|(k, v)| Some((k.as_str(), Value::from(v.as_deref()?))))
+                .collect::<InlineTable>(),
+        ),
     }
 }
 
@@ -142,7 +183,7 @@ mod tests {
     use super::*;
 
     fn entry(command: &str) -> Entry {
-        Entry::stdio(false, command, &["mcp".into(), "serve".into()])
+        Entry::stdio(false, command, &["mcp".into(), "serve".into()], None)
     }
 
     fn text_of(edit: Edit) -> String {
@@ -195,6 +236,52 @@ mod tests {
                 "{name}: second run"
             );
         }
+    }
+
+    #[test]
+    fn the_home_goes_into_env() {
+        let homed = Entry::stdio(
+            false,
+            "/bin/alexandria",
+            &["mcp".into(), "serve".into()],
+            Some("/w/h"),
+        );
+        let cases: Vec<(&str, Option<&str>, &str)> = vec![
+            (
+                "no file",
+                None,
+                "[mcp_servers.alexandria]\ncommand = \"/bin/alexandria\"\nargs = [\"mcp\", \"serve\"]\nenv = { ALEXANDRIA_HOME = \"/w/h\" }\n",
+            ),
+            (
+                "env table keeps the user's variables",
+                Some(
+                    "[mcp_servers.alexandria]\ncommand = \"/bin/alexandria\"\nargs = [\"mcp\", \"serve\"]\n\n[mcp_servers.alexandria.env]\nA = \"1\"\n",
+                ),
+                "[mcp_servers.alexandria]\ncommand = \"/bin/alexandria\"\nargs = [\"mcp\", \"serve\"]\n\n[mcp_servers.alexandria.env]\nA = \"1\"\nALEXANDRIA_HOME = \"/w/h\"\n",
+            ),
+        ];
+        for (name, input, expected) in cases {
+            let text = text_of(upsert(input, "alexandria", &homed).expect(name));
+            assert_eq!(text, expected, "{name}");
+            assert_eq!(
+                upsert(Some(&text), "alexandria", &homed),
+                Ok(Edit::Unchanged),
+                "{name}: second run"
+            );
+        }
+        // Back to the default home: the variable and the emptied env go.
+        let text = text_of(
+            upsert(
+                Some("[mcp_servers.alexandria]\ncommand = \"/bin/alexandria\"\nargs = [\"mcp\", \"serve\"]\nenv = { ALEXANDRIA_HOME = \"/old\" }\n"),
+                "alexandria",
+                &entry("/bin/alexandria"),
+            )
+            .expect("edit"),
+        );
+        assert_eq!(
+            text,
+            "[mcp_servers.alexandria]\ncommand = \"/bin/alexandria\"\nargs = [\"mcp\", \"serve\"]\n"
+        );
     }
 
     #[test]

@@ -25,9 +25,17 @@ pub fn render(entry: &Entry) -> String {
            - name: alexandria\n    \
              type: stdio\n    \
              command: {command}\n    \
-             args: [{args}]\n",
+             args: [{args}]\n{env}",
         command = quote(entry.command()),
         args = args.join(", "),
+        env = match entry.home() {
+            Some(home) => format!(
+                "    env:\n      {}: {}\n",
+                super::entry::HOME_VAR,
+                quote(home)
+            ),
+            None => String::new(),
+        },
     )
 }
 
@@ -88,6 +96,7 @@ mod tests {
                 "--workspace".into(),
                 "notes".into(),
             ],
+            Some("/w/my home"),
         );
         let text = render(&entry);
         assert!(text.starts_with(MARKER));
@@ -99,13 +108,22 @@ mod tests {
             text.contains("    args: [\"mcp\", \"serve\", \"--workspace\", \"notes\"]\n"),
             "{text}"
         );
+        assert!(
+            text.ends_with("    env:\n      ALEXANDRIA_HOME: \"/w/my home\"\n"),
+            "{text}"
+        );
     }
 
     #[test]
     fn edits() {
-        let entry = Entry::stdio(true, "/bin/alexandria", &["mcp".into(), "serve".into()]);
+        let entry = Entry::stdio(
+            true,
+            "/bin/alexandria",
+            &["mcp".into(), "serve".into()],
+            None,
+        );
         let ours = render(&entry);
-        let stale = render(&Entry::stdio(true, "/old", &[]));
+        let stale = render(&Entry::stdio(true, "/old", &[], None));
         // (file, install outcome, uninstall outcome); Err(()) is a refusal
         type Outcome = Result<Option<Change>, ()>;
         let cases: Vec<(Option<&str>, Outcome, Outcome)> = vec![

@@ -1,8 +1,11 @@
 //! The `alexandria` server entry as a small ordered list of fields, and the rule for merging
 //! it into an entry that is already there.
 //!
-//! Merge rule: our fields (`type`, `command`, `args`) are set; fields we do not write (`env`,
-//! `disabled`, `timeout`, …) are kept, so a user's additions survive a re-install. An existing
+//! Merge rule: our fields (`type`, `command`, `args`) are set; fields we do not write
+//! (`disabled`, `timeout`, …) are kept, so a user's additions survive a re-install. In `env` we
+//! own one variable, `ALEXANDRIA_HOME`: it is set when the home is not the default (clients
+//! start servers with a reduced environment, so the user's shell variable never reaches the
+//! shim) and removed when it is; the user's other variables stay. An existing
 //! entry that is not an object, or that describes a remote server (`url`, `httpUrl`,
 //! `serverUrl`, or an HTTP/SSE `type`), is replaced whole: mixing a URL with a command would
 //! give the client an entry it rejects.
@@ -13,6 +16,9 @@ use serde_json::Value;
 pub enum FieldValue {
     Str(String),
     List(Vec<String>),
+    /// Variables we own in the entry's `env` map: `Some` sets one, `None` removes it. Other
+    /// variables in the map belong to the user and are kept.
+    Env(Vec<(String, Option<String>)>),
 }
 
 impl FieldValue {
@@ -22,9 +28,54 @@ impl FieldValue {
             FieldValue::List(items) => {
                 Value::Array(items.iter().map(|s| Value::String(s.clone())).collect())
             }
+            FieldValue::Env(vars) => Value::Object(
+                vars.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), Value::String(v.clone()?))))
+                    .collect(),
+            ),
         }
     }
+
+    /// Whether `existing` (the entry's current value for this field) already says this.
+    pub fn is_current(&self, existing: Option<&Value>) -> bool {
+        match self {
+            FieldValue::Env(vars) => vars.iter().all(|(key, value)| {
+                let current = existing.and_then(|env| env.get(key));
+                match value {
+                    Some(value) => current.and_then(Value::as_str) == Some(value.as_str()),
+                    None => current.is_none(),
+                }
+            }),
+            _ => existing == Some(&self.to_json()),
+        }
+    }
+
+    /// An `env` that sets nothing: not written into a new entry.
+    pub fn is_empty_env(&self) -> bool {
+        matches!(self, FieldValue::Env(vars) if vars.iter().all(|(_, v)| v.is_none()))
+    }
+
+    /// `existing` env map with our variables set or removed; `None` when nothing is left.
+    pub fn merge_env(
+        vars: &[(String, Option<String>)],
+        existing: Option<&Value>,
+    ) -> Option<serde_json::Map<String, Value>> {
+        let mut env = match existing {
+            Some(Value::Object(map)) => map.clone(),
+            _ => serde_json::Map::new(),
+        };
+        for (key, value) in vars {
+            match value {
+                Some(value) => env.insert(key.clone(), Value::String(value.clone())),
+                None => env.remove(key),
+            };
+        }
+        (!env.is_empty()).then_some(env)
+    }
 }
+
+/// The environment variable our entries carry when the home is not the default.
+pub const HOME_VAR: &str = alexandria_proto::home::HOME_ENV;
 
 /// An entry in the order its fields should be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,15 +84,36 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// The stdio entry: `type` first when the client wants one, then `command` and `args`.
-    pub fn stdio(type_field: bool, command: &str, args: &[String]) -> Entry {
+    /// The stdio entry: `type` first when the client wants one, then `command`, `args` and
+    /// `env` (`ALEXANDRIA_HOME` when `home` is given, else that variable removed).
+    pub fn stdio(type_field: bool, command: &str, args: &[String], home: Option<&str>) -> Entry {
         let mut fields = Vec::new();
         if type_field {
             fields.push(("type", FieldValue::Str("stdio".to_string())));
         }
         fields.push(("command", FieldValue::Str(command.to_string())));
         fields.push(("args", FieldValue::List(args.to_vec())));
+        fields.push((
+            "env",
+            FieldValue::Env(vec![(HOME_VAR.to_string(), home.map(str::to_string))]),
+        ));
         Entry { fields }
+    }
+
+    /// The home this entry sets, if any.
+    pub fn home(&self) -> Option<&str> {
+        match self.get("env") {
+            Some(FieldValue::Env(vars)) => vars
+                .iter()
+                .find(|(k, _)| k == HOME_VAR)
+                .and_then(|(_, v)| v.as_deref()),
+            _ => None,
+        }
+    }
+
+    /// The fields a new entry is written with (an `env` that sets nothing is left out).
+    pub fn new_fields(&self) -> impl Iterator<Item = &(&'static str, FieldValue)> {
+        self.fields.iter().filter(|(_, v)| !v.is_empty_env())
     }
 
     pub fn get(&self, key: &str) -> Option<&FieldValue> {
@@ -65,8 +137,7 @@ impl Entry {
     /// Compact JSON with the fields in order (for `claude mcp add-json` and for messages).
     pub fn to_json_text(&self) -> String {
         let parts: Vec<String> = self
-            .fields
-            .iter()
+            .new_fields()
             .map(|(k, v)| format!("{}:{}", Value::String((*k).to_string()), v.to_json()))
             .collect();
         format!("{{{}}}", parts.join(","))
@@ -100,7 +171,7 @@ pub fn plan(existing: Option<&Value>, entry: &Entry) -> Plan {
     let stale: Vec<&'static str> = entry
         .fields
         .iter()
-        .filter(|(key, value)| object.get(*key) != Some(&value.to_json()))
+        .filter(|(key, value)| !value.is_current(object.get(*key)))
         .map(|(key, _)| *key)
         .collect();
     if stale.is_empty() {
@@ -117,7 +188,19 @@ pub fn merged(existing: Option<&Value>, entry: &Entry) -> Value {
         _ => serde_json::Map::new(),
     };
     for (key, value) in &entry.fields {
-        object.insert((*key).to_string(), value.to_json());
+        match value {
+            FieldValue::Env(vars) => match FieldValue::merge_env(vars, object.get(*key)) {
+                Some(env) => {
+                    object.insert((*key).to_string(), Value::Object(env));
+                }
+                None => {
+                    object.remove(*key);
+                }
+            },
+            _ => {
+                object.insert((*key).to_string(), value.to_json());
+            }
+        }
     }
     Value::Object(object)
 }
@@ -138,7 +221,21 @@ mod tests {
     use serde_json::json;
 
     fn ours() -> Entry {
-        Entry::stdio(true, "/bin/alexandria", &["mcp".into(), "serve".into()])
+        Entry::stdio(
+            true,
+            "/bin/alexandria",
+            &["mcp".into(), "serve".into()],
+            None,
+        )
+    }
+
+    fn homed(home: &str) -> Entry {
+        Entry::stdio(
+            true,
+            "/bin/alexandria",
+            &["mcp".into(), "serve".into()],
+            Some(home),
+        )
     }
 
     #[test]
@@ -191,8 +288,64 @@ mod tests {
     }
 
     #[test]
+    fn env_carries_the_home_and_keeps_the_users_variables() {
+        let base = json!({"type": "stdio", "command": "/bin/alexandria", "args": ["mcp", "serve"]});
+        let with = |env: Value| {
+            let mut entry = base.clone();
+            entry["env"] = env;
+            entry
+        };
+        let cases: Vec<(Value, Entry, Plan, Value)> = vec![
+            (
+                base.clone(),
+                homed("/w/h"),
+                Plan::Patch(vec!["env"]),
+                with(json!({"ALEXANDRIA_HOME": "/w/h"})),
+            ),
+            (
+                with(json!({"A": "1"})),
+                homed("/w/h"),
+                Plan::Patch(vec!["env"]),
+                with(json!({"A": "1", "ALEXANDRIA_HOME": "/w/h"})),
+            ),
+            (
+                with(json!({"ALEXANDRIA_HOME": "/w/h"})),
+                homed("/w/h"),
+                Plan::Unchanged,
+                with(json!({"ALEXANDRIA_HOME": "/w/h"})),
+            ),
+            (
+                with(json!({"ALEXANDRIA_HOME": "/old", "A": "1"})),
+                ours(),
+                Plan::Patch(vec!["env"]),
+                with(json!({"A": "1"})),
+            ),
+            (
+                with(json!({"ALEXANDRIA_HOME": "/old"})),
+                ours(),
+                Plan::Patch(vec!["env"]),
+                base.clone(),
+            ),
+        ];
+        for (existing, entry, expected_plan, expected_merge) in cases {
+            assert_eq!(plan(Some(&existing), &entry), expected_plan, "{existing}");
+            assert_eq!(
+                merged(Some(&existing), &entry),
+                expected_merge,
+                "{existing}"
+            );
+        }
+        assert_eq!(
+            homed("/w/h").to_json_text(),
+            r#"{"type":"stdio","command":"/bin/alexandria","args":["mcp","serve"],"env":{"ALEXANDRIA_HOME":"/w/h"}}"#
+        );
+        assert_eq!(homed("/w/h").home(), Some("/w/h"));
+        assert_eq!(ours().home(), None);
+    }
+
+    #[test]
     fn json_text_keeps_field_order_and_escapes() {
-        let entry = Entry::stdio(false, "/a \"b\"/alexandria", &["mcp".into()]);
+        let entry = Entry::stdio(false, "/a \"b\"/alexandria", &["mcp".into()], None);
         assert_eq!(
             entry.to_json_text(),
             r#"{"command":"/a \"b\"/alexandria","args":["mcp"]}"#

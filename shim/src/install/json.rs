@@ -85,6 +85,10 @@ pub fn upsert(text: Option<&str>, target: JsonTarget, entry: &Entry) -> Result<E
                 let Some(value) = entry.get(key) else {
                     continue;
                 };
+                if let FieldValue::Env(vars) = value {
+                    patch_env(&object, key, vars);
+                    continue;
+                }
                 match object.get(key) {
                     Some(field) => field.set_value(input_field(value)),
                     None => {
@@ -210,6 +214,38 @@ fn kind(node: &CstNode) -> &'static str {
     }
 }
 
+/// Set or remove our variables in the entry's `env` object, keeping the user's; an `env` left
+/// empty by a removal goes too.
+fn patch_env(object: &CstObject, key: &str, vars: &[(String, Option<String>)]) {
+    let env = object.get(key);
+    let Some(env_object) = env.as_ref().and_then(|prop| prop.object_value()) else {
+        // No env yet (or one that is not an object): write ours whole.
+        let value = FieldValue::Env(vars.to_vec());
+        match env {
+            Some(prop) => prop.set_value(input_field(&value)),
+            None => {
+                object.append(key, input_field(&value));
+            }
+        }
+        return;
+    };
+    for (name, value) in vars {
+        match (value, env_object.get(name)) {
+            (Some(value), Some(prop)) => prop.set_value(CstInputValue::String(value.clone())),
+            (Some(value), None) => {
+                env_object.append(name, CstInputValue::String(value.clone()));
+            }
+            (None, Some(prop)) => prop.remove(),
+            (None, None) => {}
+        }
+    }
+    if env_object.properties().is_empty()
+        && let Some(prop) = env
+    {
+        prop.remove();
+    }
+}
+
 fn input_field(value: &FieldValue) -> CstInputValue {
     match value {
         FieldValue::Str(s) => CstInputValue::String(s.clone()),
@@ -219,14 +255,18 @@ fn input_field(value: &FieldValue) -> CstInputValue {
                 .map(|s| CstInputValue::String(s.clone()))
                 .collect(),
         ),
+        FieldValue::Env(vars) => CstInputValue::Object(
+            vars.iter()
+                .filter_map(|(k, v)| Some((k.clone(), CstInputValue::String(v.clone()?))))
+                .collect(),
+        ),
     }
 }
 
 fn input_entry(entry: &Entry) -> CstInputValue {
     CstInputValue::Object(
         entry
-            .fields
-            .iter()
+            .new_fields()
             .map(|(k, v)| ((*k).to_string(), input_field(v)))
             .collect(),
     )
@@ -248,7 +288,12 @@ mod tests {
     };
 
     fn entry() -> Entry {
-        Entry::stdio(false, "/bin/alexandria", &["mcp".into(), "serve".into()])
+        Entry::stdio(
+            false,
+            "/bin/alexandria",
+            &["mcp".into(), "serve".into()],
+            None,
+        )
     }
 
     fn changed(edit: Edit) -> (Change, String) {
@@ -305,16 +350,85 @@ mod tests {
             ),
         ];
         for (name, target, input, expected_change, expected) in cases {
-            let (change, text) = changed(upsert(input, target, &entry()).expect(name));
-            assert_eq!(change, expected_change, "{name}");
-            assert_eq!(text, expected, "{name}");
-            // Re-running on the output changes nothing.
-            assert_eq!(
-                upsert(Some(&text), target, &entry()),
-                Ok(Edit::Unchanged),
-                "{name}: second run"
-            );
+            check_upsert(name, target, input, &entry(), expected_change, expected);
         }
+    }
+
+    fn check_upsert(
+        name: &str,
+        target: JsonTarget,
+        input: Option<&str>,
+        entry: &Entry,
+        expected_change: Change,
+        expected: &str,
+    ) {
+        let (change, text) = changed(upsert(input, target, entry).expect(name));
+        assert_eq!(change, expected_change, "{name}");
+        assert_eq!(text, expected, "{name}");
+        // Re-running on the output changes nothing.
+        assert_eq!(
+            upsert(Some(&text), target, entry),
+            Ok(Edit::Unchanged),
+            "{name}: second run"
+        );
+    }
+
+    #[test]
+    fn the_home_goes_into_env() {
+        let homed = Entry::stdio(
+            false,
+            "/bin/alexandria",
+            &["mcp".into(), "serve".into()],
+            Some("/w/h"),
+        );
+        let cases: Vec<(&str, Option<&str>, &Entry, Change, &str)> = vec![
+            (
+                "new entry",
+                None,
+                &homed,
+                Change::Added,
+                "{\n  \"mcpServers\": {\n    \"alexandria\": {\n      \"command\": \"/bin/alexandria\",\n      \"args\": [\"mcp\", \"serve\"],\n      \"env\": {\n        \"ALEXANDRIA_HOME\": \"/w/h\"\n      }\n    }\n  }\n}\n",
+            ),
+            (
+                "user env kept",
+                Some(
+                    "{\"mcpServers\": {\"alexandria\": {\"command\": \"/bin/alexandria\", \"args\": [\"mcp\", \"serve\"], \"env\": {\"A\": \"1\"}}}}",
+                ),
+                &homed,
+                Change::Updated,
+                // jsonc-parser lays out an object it appends to over several lines
+                "{\"mcpServers\": {\"alexandria\": {\"command\": \"/bin/alexandria\", \"args\": [\"mcp\", \"serve\"], \"env\": {\n        \"A\": \"1\",\n        \"ALEXANDRIA_HOME\": \"/w/h\"\n      }}}}",
+            ),
+            (
+                "stale home replaced",
+                Some(
+                    "{\"mcpServers\": {\"alexandria\": {\"command\": \"/bin/alexandria\", \"args\": [\"mcp\", \"serve\"], \"env\": {\"ALEXANDRIA_HOME\": \"/old\"}}}}",
+                ),
+                &homed,
+                Change::Updated,
+                "{\"mcpServers\": {\"alexandria\": {\"command\": \"/bin/alexandria\", \"args\": [\"mcp\", \"serve\"], \"env\": {\"ALEXANDRIA_HOME\": \"/w/h\"}}}}",
+            ),
+        ];
+        for (name, input, entry, expected_change, expected) in cases {
+            check_upsert(name, MCP, input, entry, expected_change, expected);
+        }
+        // Back to the default home: our variable goes, and with it an env left empty.
+        let (_, text) = changed(
+            upsert(
+                Some(
+                    "{\"mcpServers\": {\"alexandria\": {\"command\": \"/bin/alexandria\", \"args\": [\"mcp\", \"serve\"], \"env\": {\"ALEXANDRIA_HOME\": \"/old\"}}}}",
+                ),
+                MCP,
+                &entry(),
+            )
+            .expect("edit"),
+        );
+        let value: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(
+            value["mcpServers"]["alexandria"],
+            serde_json::json!({"command": "/bin/alexandria", "args": ["mcp", "serve"]}),
+            "{text}"
+        );
     }
 
     #[test]
