@@ -70,10 +70,26 @@ for mode in "auto 2026-07-28" "legacy 2025-11-25"; do
     check "python $1 http /mcp" "$python" python_client.py --url "$url/mcp" --mode "$1" --expect "$2"
 done
 
+# An entry written by `alexandria mcp install`, started the way the SDK starts servers
+# (its default environment: HOME, PATH, … but not the ALEXANDRIA_HOME exported above).
+user_home="$home/user"
+mkdir -p "$user_home"
+"$bin/alexandria" workspace create first-day >/dev/null
+HOME="$user_home" "$bin/alexandria" mcp install cursor >"$logs/install-cursor.log" 2>&1
+check "python stdio entry from mcp install (SDK default environment)" env HOME="$user_home" "$python" python_entry.py "$user_home/.cursor/mcp.json" first-day
+
 check "typescript stdio pinned" "$node" ts_client.mjs stdio "$bin/alexandria" global
 check "typescript stdio open" "$node" ts_client.mjs stdio "$bin/alexandria"
 check "typescript http /mcp/global" "$node" ts_client.mjs http "$url/mcp/global" global
 check "typescript http /mcp" "$node" ts_client.mjs http "$url/mcp"
+
+# Wiki pages as resources: list, templates, read, subscribe and an update after a write.
+check "python resources stdio pinned" "$python" python_resources.py --stdio "$bin/alexandria" --workspace global
+check "python resources stdio open" "$python" python_resources.py --stdio "$bin/alexandria"
+check "python resources http /mcp/global" "$python" python_resources.py --url "$url/mcp/global" --workspace global
+check "python resources http /mcp" "$python" python_resources.py --url "$url/mcp"
+check "typescript resources stdio pinned" "$node" ts_resources.mjs stdio "$bin/alexandria" global
+check "typescript resources http /mcp" "$node" ts_resources.mjs http "$url/mcp"
 
 for scenario in server-initialize ping tools-list server-sse-multiple-streams dns-rebinding-protection; do
     check "conformance $scenario /mcp/global" "$node" "$conformance" server --url "$url/mcp/global" --scenario "$scenario"

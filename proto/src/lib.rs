@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 /// Version of the shim ↔ daemon protocol. Bump it whenever a message in this crate
 /// changes shape; a shim that meets a daemon with an older protocol restarts it.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The build of the binaries, reported in the handshake and in `--version`.
 pub const BUILD: &str = env!("CARGO_PKG_VERSION");
@@ -108,6 +108,26 @@ pub enum ControlRequest {
         slug: String,
     },
     WorkspaceList,
+    /// Rename a workspace (directory, index and history move together).
+    WorkspaceRename {
+        from: String,
+        to: String,
+    },
+    /// Move a workspace under the home's `trash/` (restorable); refused while a session is
+    /// pinned to it unless `force`.
+    WorkspaceArchive {
+        slug: String,
+        #[serde(default)]
+        force: bool,
+    },
+    /// Bring back an archived workspace: an archive name, or a slug for its newest archive.
+    WorkspaceRestore {
+        name: String,
+    },
+    /// Paths, counts, size, last write, remote and sources of a workspace.
+    WorkspaceInfo {
+        slug: String,
+    },
     /// Copy files into `raw/` of a workspace and index them. Paths are absolute.
     Ingest {
         workspace: String,

@@ -4,7 +4,7 @@
 //! `mcp serve`, whose stdout is the MCP channel.)
 #![allow(clippy::print_stdout)]
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -32,7 +32,7 @@ fn exchange(
         .stream
         .write_all(&alexandria_proto::to_line(request))
         .context("sending the request to the daemon")?;
-    let show_progress = std::io::stderr().is_terminal();
+    let mut progress = crate::progress::Progress::new();
     let mut line = String::new();
     loop {
         line.clear();
@@ -46,23 +46,17 @@ fn exchange(
         let reply: ControlReply = serde_json::from_str(line.trim())
             .with_context(|| format!("unexpected reply from the daemon: {line:?}"))?;
         match reply {
-            ControlReply::Progress { done, total, item } => {
-                if show_progress {
-                    eprint!("\r\x1b[2K[{done}/{total}] {item}");
-                    if done == total {
-                        eprintln!();
-                    }
-                }
+            ControlReply::Progress { done, total, item } => progress.update(done, total, &item),
+            ControlReply::Done { text, data } => {
+                progress.finish();
+                return Ok((text, data));
             }
-            ControlReply::Done { text, data } => return Ok((text, data)),
             ControlReply::Failed {
                 code,
                 message,
                 hint,
             } => {
-                if show_progress {
-                    eprintln!();
-                }
+                progress.finish();
                 if hint.is_empty() {
                     bail!("{code}: {message}");
                 }

@@ -273,7 +273,7 @@ fn greet(mut stream: UnixStream, hello: &Hello) -> Result<Greeting> {
 }
 
 /// A handshake that failed because the connection dropped, not because of an answer.
-fn is_connection_loss(error: &anyhow::Error) -> bool {
+pub(crate) fn is_connection_loss(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
         cause.downcast_ref::<io::Error>().is_some_and(|e| {
             matches!(

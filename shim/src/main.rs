@@ -6,9 +6,13 @@
 mod cli;
 mod connect;
 mod demo;
+mod docs;
+mod doctor;
 mod install;
 mod nohome;
+mod progress;
 mod pump;
+mod workspaces;
 
 use std::process::ExitCode;
 
@@ -50,6 +54,23 @@ enum Command {
     /// Start, stop and inspect the daemon
     #[command(subcommand)]
     Daemon(DaemonCommand),
+    /// Check the install: binaries, home, daemon, client entries, service, disk (exit 1 on errors)
+    Doctor {
+        /// Print the findings as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, or write one page per command into a directory
+    Man {
+        /// Write alexandria.1, alexandria-<command>.1, … into this directory
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Run a scripted agent session (guide, search, read) on a bundled sample workspace
     Demo {
         /// Keep the demo's temporary home instead of deleting it
@@ -64,6 +85,23 @@ enum WorkspaceCommand {
     Create { slug: String },
     /// List workspaces
     List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rename a workspace (its files, index and history move together)
+    Rename { from: String, to: String },
+    /// Move a workspace to the home's trash/ (restorable; nothing is deleted)
+    Archive {
+        slug: String,
+        /// Archive even while MCP sessions are pinned to it
+        #[arg(long)]
+        force: bool,
+    },
+    /// Bring back an archived workspace (an archive name, or a slug for its newest archive)
+    Restore { name: String },
+    /// Paths, counts, size on disk, last write, remote and sources of a workspace
+    Info {
+        slug: String,
         #[arg(long)]
         json: bool,
     },
@@ -122,12 +160,17 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if let Command::Demo { keep } = args.command {
-        return demo::run(keep);
+    match &args.command {
+        Command::Demo { keep } => return demo::run(*keep),
+        Command::Completions { shell } => return docs::completions(*shell),
+        Command::Man { dir } => return docs::man(dir.as_deref()),
+        _ => {}
     }
     let connector = connect::Connector::for_home(args.home.as_deref())?;
     match args.command {
-        Command::Demo { .. } => unreachable!("handled above"),
+        Command::Demo { .. } | Command::Completions { .. } | Command::Man { .. } => {
+            unreachable!("handled above")
+        }
         Command::Mcp(McpCommand::Serve { workspace }) => {
             let binding = match workspace {
                 Some(slug) => {
@@ -144,6 +187,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp(McpCommand::Status { json }) => cli::mcp_status(&connector, json),
+        Command::Doctor { json } => doctor::run(&connector, json),
         Command::Init => cli::init(&connector),
         Command::Workspace(WorkspaceCommand::Create { slug }) => {
             cli::workspace_create(&connector, &slug)
@@ -151,13 +195,25 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Workspace(WorkspaceCommand::List { json }) => {
             cli::workspace_list(&connector, json)
         }
+        Command::Workspace(WorkspaceCommand::Rename { from, to }) => {
+            workspaces::rename(&connector, &from, &to)
+        }
+        Command::Workspace(WorkspaceCommand::Archive { slug, force }) => {
+            workspaces::archive(&connector, &slug, force)
+        }
+        Command::Workspace(WorkspaceCommand::Restore { name }) => {
+            workspaces::restore(&connector, &name)
+        }
+        Command::Workspace(WorkspaceCommand::Info { slug, json }) => {
+            workspaces::info(&connector, &slug, json)
+        }
         Command::Ingest { workspace, files } => cli::ingest(&connector, &workspace, &files),
         Command::Daemon(DaemonCommand::Start(daemon)) => cli::daemon_start(&connector, &daemon),
         Command::Daemon(DaemonCommand::Stop) => cli::daemon_stop(&connector),
         Command::Daemon(DaemonCommand::Status { json }) => cli::daemon_status(&connector, json),
         Command::Daemon(DaemonCommand::Run(daemon)) => cli::daemon_run(&connector, &daemon),
         Command::Daemon(DaemonCommand::Auth(auth)) => cli::auth(&connector, auth),
-        Command::Mcp(McpCommand::Install(args)) => install::mcp_install(&args, &connector.home),
+        Command::Mcp(McpCommand::Install(args)) => install::mcp_install(&args, &connector),
         Command::Mcp(McpCommand::Uninstall(args)) => install::mcp_uninstall(&args),
         Command::Daemon(DaemonCommand::InstallService(args)) => {
             install::install_service(&args, &connector.home)

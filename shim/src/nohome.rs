@@ -8,7 +8,6 @@
 //! No daemon is started and nothing is created. stdout carries MCP frames only.
 
 use std::io::{self, BufRead, Write};
-use std::path::Path;
 
 use alexandria_proto::{BUILD, Home};
 use anyhow::{Context, Result};
@@ -73,7 +72,7 @@ pub fn check(home: &Home, from_flag: bool) -> Option<Problem> {
         format!("alexandria is not set up at the home this server uses: {what} (home {source})");
     let hint = format!(
         "if this is a new install, run `{}` in a terminal; if your wiki lives in another home, run `ALEXANDRIA_HOME=<that home> alexandria mcp install <client>` so this client's entry carries it (or add `\"env\": {{\"{}\": \"<that home>\"}}` to the entry); then restart the MCP client",
-        init_command(root),
+        init_command(home),
         alexandria_proto::home::HOME_ENV
     );
     Some(Problem {
@@ -83,12 +82,11 @@ pub fn check(home: &Home, from_flag: bool) -> Option<Problem> {
     })
 }
 
-fn init_command(root: &Path) -> String {
-    let default = std::env::var_os("HOME").map(|h| Path::new(&h).join(".alexandria"));
-    if default.as_deref() == Some(root) {
-        "alexandria init".to_string()
-    } else {
-        format!("alexandria --home '{}' init", root.display())
+/// `alexandria init`, naming the home when it is not the default.
+fn init_command(home: &Home) -> String {
+    match crate::install::clients::Env::from_process() {
+        Ok(env) => crate::install::init_command(home, &env),
+        Err(_) => format!("alexandria --home '{}' init", home.root().display()),
     }
 }
 

@@ -283,6 +283,7 @@ pub(crate) fn complete(store: &Store, manifest: &Manifest) -> ToolResult<String>
     drop(index_guard);
     crash_point("after_index");
     let _ = fs::remove_dir_all(&dir);
+    store.changed(workspace, &manifest.path);
     Ok(commit)
 }
 

@@ -280,9 +280,13 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
         .keys()
         .filter(|p| !on_disk.contains_key(*p) && (hidden(p) || !root.join(p).exists()))
         .collect();
+    let mut notify = Vec::new();
     for batch in changed.chunks(256) {
         let transaction = connection.transaction()?;
         for (relative, absolute, is_new) in batch {
+            if !first_scan {
+                notify.push(relative.clone());
+            }
             match index_file(&transaction, workspace, relative, absolute) {
                 Ok(_) => result.indexed += 1,
                 Err(error) => tracing::warn!(workspace, path = %relative, %error, "cannot index"),
@@ -302,6 +306,7 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
         let transaction = connection.transaction()?;
         for relative in removed {
             remove_file(&transaction, workspace, relative)?;
+            notify.push(relative.clone());
             result.removed += 1;
             if relative.starts_with("wiki/") {
                 record_outside(&transaction, workspace, "outside_delete", relative)?;
@@ -312,6 +317,9 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
     state
         .caught_up
         .store(true, std::sync::atomic::Ordering::Release);
+    for relative in &notify {
+        store.changed(workspace, relative);
+    }
     Ok(result)
 }
 
@@ -323,6 +331,7 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
     let mut connection = store.pool.get()?;
     let transaction = connection.transaction()?;
     let root = store.workspace_dir(workspace);
+    let mut notify = Vec::new();
     for relative in relatives {
         let absolute = root.join(relative);
         let known = lookup(&transaction, workspace, relative)?;
@@ -332,6 +341,7 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
                     continue;
                 }
                 index_file(&transaction, workspace, relative, &absolute)?;
+                notify.push(relative);
                 if relative.starts_with("wiki/") {
                     let op = if known.is_none() {
                         "outside_create"
@@ -345,6 +355,7 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
             Err(_) => {
                 if known.is_some() {
                     remove_file(&transaction, workspace, relative)?;
+                    notify.push(relative);
                     if relative.starts_with("wiki/") {
                         record_outside(&transaction, workspace, "outside_delete", relative)?;
                     }
@@ -353,6 +364,9 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
         }
     }
     transaction.commit()?;
+    for relative in notify {
+        store.changed(workspace, relative);
+    }
     Ok(())
 }
 

@@ -5,15 +5,20 @@
 pub mod calllog;
 pub mod sessions;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use alexandria_proto::{BUILD, Binding};
+use alexandria_proto::{BUILD, Binding, ErrorCode};
+use base64::Engine;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
     Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceTemplate, ResourceUpdatedNotificationParam, ServerCapabilities,
+    ServerConfig, SubscribeRequestParams, Tool, ToolAnnotations, UnsubscribeRequestParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -22,7 +27,7 @@ use serde_json::Value;
 
 use crate::error::ToolError;
 use crate::mcp::sessions::{SessionInfo, SessionListing};
-use crate::tools::{self, GuideParams, ReadParams, SearchParams, ToolOutput};
+use crate::tools::{self, GuideParams, ReadParams, SearchParams, ToolOutput, resources};
 use crate::tools::{Caller, DeleteParams, HistoryParams, WriteParams};
 use crate::workspace::Store;
 
@@ -38,6 +43,10 @@ pub struct AlexandriaServer {
     store: Arc<Store>,
     session: Arc<SessionInfo>,
     listing: Option<Arc<SessionListing>>,
+    /// Resource URIs this session subscribed to (`resources/subscribe`).
+    subscriptions: Arc<Mutex<HashSet<String>>>,
+    /// Whether the task forwarding changes to this session runs.
+    listening: Arc<AtomicBool>,
 }
 
 impl AlexandriaServer {
@@ -46,6 +55,8 @@ impl AlexandriaServer {
             store,
             session,
             listing: None,
+            subscriptions: Arc::new(Mutex::new(HashSet::new())),
+            listening: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -193,15 +204,82 @@ pub fn to_call_result(outcome: Result<ToolOutput, ToolError>) -> CallToolResult 
     }
 }
 
+/// A tool error as the JSON-RPC error of a resource request: a missing file is
+/// `resource_not_found`, what the caller got wrong is `invalid_params`.
+fn resource_error(error: ToolError) -> McpError {
+    let data = Some(error.to_json());
+    let message = error.to_text();
+    match error.code {
+        ErrorCode::NotFound | ErrorCode::WorkspaceNotFound => {
+            McpError::resource_not_found(message, data)
+        }
+        ErrorCode::Internal => McpError::internal_error(message, data),
+        _ => McpError::invalid_params(message, data),
+    }
+}
+
+/// Run blocking resource work (SQLite, files) off the async threads; a panic is an error.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
+) -> Result<T, McpError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(ToolError::internal("the resource request crashed", e)))
+        .map_err(resource_error)
+}
+
+impl AlexandriaServer {
+    /// Forward changes of subscribed resources to this session's client until it goes away.
+    fn start_change_listener(&self, peer: rmcp::Peer<RoleServer>) {
+        let subscriptions = Arc::clone(&self.subscriptions);
+        let mut changes = self.store.subscribe_changes();
+        tokio::spawn(async move {
+            loop {
+                let change = match changes.recv().await {
+                    Ok(change) => change,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(missed, "resource change listener fell behind");
+                        continue;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                // The server (and with it the session) is gone: stop listening.
+                if Arc::strong_count(&subscriptions) == 1 {
+                    return;
+                }
+                let uri = resources::uri(&change.workspace, &change.path);
+                let subscribed = subscriptions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&uri);
+                if subscribed
+                    && peer
+                        .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+}
+
 impl ServerHandler for AlexandriaServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("alexandria", BUILD)
-                    .with_title("alexandria wiki")
-                    .with_description("The user's local markdown wikis, served by alexandriad"),
-            )
-            .with_instructions(INSTRUCTIONS)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_resources_subscribe()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("alexandria", BUILD)
+                .with_title("alexandria wiki")
+                .with_description("The user's local markdown wikis, served by alexandriad"),
+        )
+        .with_instructions(INSTRUCTIONS)
     }
 
     async fn initialize(
@@ -231,12 +309,34 @@ impl ServerHandler for AlexandriaServer {
 
     async fn list_resources(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::with_all_items(Vec::new())
-            .with_ttl_ms(LIST_TTL_MS)
-            .with_cache_scope(CacheScope::Private))
+        let offset = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(cursor) => cursor.parse::<usize>().map_err(|_| {
+                McpError::invalid_params(
+                    format!("invalid cursor {cursor:?}: pass the nextCursor of the previous page"),
+                    None,
+                )
+            })?,
+        };
+        let store = Arc::clone(&self.store);
+        let binding = self.session.binding.clone();
+        let (entries, next) = blocking(move || resources::list(&store, &binding, offset)).await?;
+        let items = entries
+            .into_iter()
+            .map(|entry| {
+                Resource::new(entry.uri, entry.name)
+                    .with_title(entry.title)
+                    .with_mime_type(entry.mime)
+                    .with_size(entry.size)
+            })
+            .collect();
+        let mut result = ListResourcesResult::with_all_items(items);
+        result.next_cursor = next.map(|n| n.to_string());
+        // Pages change with every write: no caching hints beyond this session.
+        Ok(result.with_cache_scope(CacheScope::Private))
     }
 
     async fn list_resource_templates(
@@ -244,9 +344,86 @@ impl ServerHandler for AlexandriaServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        Ok(ListResourceTemplatesResult::with_all_items(Vec::new())
+        let workspace = match &self.session.binding {
+            Binding::Pinned { workspace } => workspace.clone(),
+            Binding::Open => "{workspace}".to_string(),
+        };
+        let templates = vec![
+            ResourceTemplate::new(
+                format!("{}{workspace}/wiki/{{path}}", resources::SCHEME),
+                "wiki page",
+            )
+            .with_title("alexandria wiki page")
+            .with_description(
+                "A markdown page of the wiki (path under wiki/, e.g. topics/tide-pools.md)",
+            )
+            .with_mime_type("text/markdown"),
+            ResourceTemplate::new(
+                format!("{}{workspace}/raw/{{path}}", resources::SCHEME),
+                "raw source",
+            )
+            .with_title("alexandria raw source")
+            .with_description(
+                "An immutable source file under raw/ (notes, PDFs, images, transcripts)",
+            ),
+        ];
+        Ok(ListResourceTemplatesResult::with_all_items(templates)
             .with_ttl_ms(LIST_TTL_MS)
             .with_cache_scope(CacheScope::Private))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let store = Arc::clone(&self.store);
+        let binding = self.session.binding.clone();
+        let uri = request.uri.clone();
+        let (mime, body) = blocking(move || resources::read(&store, &binding, &uri)).await?;
+        let contents = match body {
+            resources::Body::Text(text) => ResourceContents::text(text, request.uri),
+            resources::Body::Bytes(bytes) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(bytes),
+                request.uri,
+            ),
+        }
+        .with_mime_type(mime);
+        Ok(ReadResourceResult::new(vec![contents]).into())
+    }
+
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        // The same checks as a read: the URI must name a file this session may reach.
+        let store = Arc::clone(&self.store);
+        let binding = self.session.binding.clone();
+        let uri = request.uri.clone();
+        blocking(move || resources::check_subscribable(&store, &binding, &uri)).await?;
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(request.uri);
+        if !self.listening.swap(true, Ordering::AcqRel) {
+            self.start_change_listener(context.peer.clone());
+        }
+        Ok(())
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&request.uri);
+        Ok(())
     }
 
     async fn list_prompts(

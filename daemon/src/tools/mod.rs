@@ -10,7 +10,9 @@ pub mod guide;
 pub mod history;
 pub mod params;
 pub mod read;
+pub mod resources;
 pub mod search;
+pub mod workspaces;
 pub mod write;
 
 pub use delete::{DeleteParams, delete};

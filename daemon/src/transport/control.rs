@@ -1,4 +1,5 @@
-//! Control requests from the CLI: status, init, workspaces, ingest, tokens, stop.
+//! Control requests from the CLI: status, init, workspaces (create, list, rename, archive,
+//! restore, info), ingest, tokens, stop.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use crate::context::DaemonContext;
 use crate::error::ToolError;
 use crate::index;
+use crate::tools::workspaces;
 use crate::transport::socket::{Frame, read_frame};
 use crate::workspace::Store;
 
@@ -78,6 +80,16 @@ pub async fn handle(
         context.shutdown();
     }
     Ok(())
+}
+
+/// Live sessions pinned to `slug`, as `mcp status` shows them.
+fn pinned_sessions(context: &DaemonContext, slug: &str) -> Vec<serde_json::Value> {
+    context
+        .sessions
+        .snapshot()
+        .into_iter()
+        .filter(|s| s["binding"] == "pinned" && s["workspace"] == slug)
+        .collect()
 }
 
 fn done(text: String, data: serde_json::Value) -> ControlReply {
@@ -157,6 +169,85 @@ fn run(
                 list.push(json!({"workspace": slug, "wiki_pages": counts.wiki, "raw_sources": counts.raw}));
             }
             Ok(done(text.trim_end().to_string(), json!(list)))
+        }
+        ControlRequest::WorkspaceRename { from, to } => {
+            let pinned = pinned_sessions(context, &from);
+            let data = workspaces::rename(store, &from, &to)?;
+            let mut text = format!(
+                "renamed workspace '{from}' to '{to}' ({})",
+                data["path"].as_str().unwrap_or("")
+            );
+            if !pinned.is_empty() {
+                text.push_str(&format!(
+                    "
+{} live session(s) pinned to '{from}' now get workspace_not_found; restart them after updating their client entries",
+                    pinned.len()
+                ));
+            }
+            let mut data = data;
+            data["pinned_sessions"] = json!(pinned);
+            Ok(done(text, data))
+        }
+        ControlRequest::WorkspaceArchive { slug, force } => {
+            let pinned = pinned_sessions(context, &slug);
+            if !pinned.is_empty() && !force {
+                return Err(ToolError::new(
+                    ErrorCode::WorkspaceBusy,
+                    format!("{} live session(s) are pinned to '{slug}'", pinned.len()),
+                    "close those MCP clients first, or pass --force (they then get workspace_not_found)",
+                )
+                .with_detail("pinned_sessions", json!(pinned)));
+            }
+            let data = workspaces::archive(store, &slug)?;
+            Ok(done(
+                format!(
+                    "archived workspace '{slug}' to {}
+restore it with: alexandria workspace restore {}",
+                    data["path"].as_str().unwrap_or(""),
+                    data["archive"].as_str().unwrap_or(&slug)
+                ),
+                data,
+            ))
+        }
+        ControlRequest::WorkspaceRestore { name } => {
+            let data = workspaces::restore(store, &name)?;
+            Ok(done(
+                format!(
+                    "restored workspace '{}' from {}",
+                    data["workspace"].as_str().unwrap_or(""),
+                    data["archive"].as_str().unwrap_or("")
+                ),
+                data,
+            ))
+        }
+        ControlRequest::WorkspaceInfo { slug } => {
+            let data = workspaces::info(store, &slug)?;
+            let text = format!(
+                "workspace:  {slug}
+path:       {}
+wiki pages: {}
+raw files:  {}
+size:       {} KiB
+last write: {}
+remote:     {}
+sources:    {}",
+                data["path"].as_str().unwrap_or(""),
+                data["wiki_pages"],
+                data["raw_sources"],
+                data["size_bytes"].as_u64().unwrap_or(0) / 1024,
+                data["last_write"].as_str().unwrap_or("never"),
+                data["remote"].as_str().unwrap_or("none"),
+                data["sources"]
+                    .as_array()
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s
+                        .iter()
+                        .filter_map(|v| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "))
+                    .unwrap_or_else(|| "none".to_string()),
+            );
+            Ok(done(text, data))
         }
         ControlRequest::Ingest { workspace, files } => ingest(store, &workspace, &files, progress),
         ControlRequest::AuthToken {
@@ -314,6 +405,9 @@ fn ingest(
                 problems.push(format!("{path}: no readable pages"));
             }
         }
+    }
+    for path in &relative {
+        store.changed(workspace, path);
     }
     let mut text = format!(
         "ingested {} file(s) into {workspace}/raw ({} already present)",

@@ -90,12 +90,25 @@ impl WorkspaceState {
     }
 }
 
+/// A file of a workspace that changed: written, deleted, edited outside alexandria or
+/// ingested. Sent after the change is committed and indexed (resource subscriptions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathChange {
+    pub workspace: String,
+    /// Workspace-relative (`wiki/topics/x.md`).
+    pub path: String,
+}
+
+/// How many changes a slow listener may fall behind before it misses some.
+const CHANGE_BACKLOG: usize = 1024;
+
 /// Everything the tools need: the home, the config, the database.
 pub struct Store {
     pub home: Home,
     pub config: Config,
     pub pool: Pool,
     states: Mutex<HashMap<String, Arc<WorkspaceState>>>,
+    changes: tokio::sync::broadcast::Sender<PathChange>,
 }
 
 impl Store {
@@ -111,6 +124,7 @@ impl Store {
             config,
             pool,
             states: Mutex::new(HashMap::new()),
+            changes: tokio::sync::broadcast::channel(CHANGE_BACKLOG).0,
         });
         if !store.workspace_dir("global").join(".git").is_dir() {
             store
@@ -123,6 +137,21 @@ impl Store {
         Ok(store)
     }
 
+    /// Tell listeners that `path` of `workspace` changed (no-op without listeners).
+    pub fn changed(&self, workspace: &str, path: &str) {
+        if self.changes.receiver_count() > 0 {
+            let _ = self.changes.send(PathChange {
+                workspace: workspace.to_string(),
+                path: path.to_string(),
+            });
+        }
+    }
+
+    /// Every change from now on.
+    pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<PathChange> {
+        self.changes.subscribe()
+    }
+
     pub fn workspace_dir(&self, slug: &str) -> PathBuf {
         self.home.workspace(slug)
     }
@@ -130,6 +159,13 @@ impl Store {
     pub fn state(&self, slug: &str) -> Arc<WorkspaceState> {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(states.entry(slug.to_string()).or_default())
+    }
+
+    /// Drop the cached state of `slug` (after a rename or archive moved its directory),
+    /// so the next use opens the repository at its current place.
+    pub fn forget_state(&self, slug: &str) {
+        let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        states.remove(slug);
     }
 
     /// Bring git's index file up to date with the commits made since the last call,

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use alexandria_proto::Home;
+use alexandria_proto::{ControlRequest, Home};
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::clients::{Client, Env, Format, Scope, locate};
@@ -14,6 +14,7 @@ use super::files::{self, Found};
 use super::json::{self, Dialect, JsonTarget};
 use super::service::{self, ServiceConfig, ServiceKind};
 use super::{Change, Edit, EditError, SERVER_NAME, claude_cli, codex, continue_block};
+use crate::connect::Connector;
 
 /// `println!` that never fails: a closed stdout (`… | head`) must not abort an install
 /// half-way, between running a command and checking its result.
@@ -41,6 +42,10 @@ pub struct McpInstallArgs {
     /// Show what would change and write nothing
     #[arg(long)]
     pub dry_run: bool,
+    /// Write a URL entry for the daemon's HTTP endpoint (/mcp, or /mcp/<slug> with
+    /// --workspace) instead of a command, with a bearer token when tokens are on
+    #[arg(long)]
+    pub http: bool,
 }
 
 #[derive(clap::Args)]
@@ -55,8 +60,13 @@ pub struct ServiceArgs {
 
 /// `alexandria mcp install <client>`; `home` is the home this command runs against, which the
 /// entry must reach too.
-pub fn mcp_install(args: &McpInstallArgs, home: &Home) -> Result<ExitCode> {
+pub fn mcp_install(args: &McpInstallArgs, connector: &Connector) -> Result<ExitCode> {
+    let home = &connector.home;
     let request = Request::new(args)?;
+    if args.http {
+        let entry = http_entry(&request, connector)?;
+        return write_entry(&request, &entry);
+    }
     let command = own_executable()?;
     let mut serve_args = vec!["mcp".to_string(), "serve".to_string()];
     if let Some(slug) = &args.workspace {
@@ -73,10 +83,15 @@ pub fn mcp_install(args: &McpInstallArgs, home: &Home) -> Result<ExitCode> {
             init_command(home, &request.env)
         );
     }
+    write_entry(&request, &entry)
+}
+
+/// Put `entry` into the request's file (or hand it to `claude`) and report.
+fn write_entry(request: &Request, entry: &Entry) -> Result<ExitCode> {
     if request.uses_claude_cli()
         && let Some(claude) = claude_cli::find()
     {
-        return claude_install(&request, &claude, &entry);
+        return claude_install(request, &claude, entry);
     }
     let found = files::read(&request.path)?;
     let text = found.text.as_deref();
@@ -84,12 +99,121 @@ pub fn mcp_install(args: &McpInstallArgs, home: &Home) -> Result<ExitCode> {
         Format::Json {
             dialect,
             servers_key,
-        } => json::upsert(text, json_target(dialect, servers_key), &entry),
-        Format::CodexToml => codex::upsert(text, SERVER_NAME, &entry),
-        Format::ContinueBlock => continue_block::upsert(text, &entry),
+        } => json::upsert(text, json_target(dialect, servers_key), entry),
+        Format::CodexToml => codex::upsert(text, SERVER_NAME, entry),
+        Format::ContinueBlock => continue_block::upsert(text, entry),
     }
     .map_err(|error| refusal(&found.path, error))?;
-    request.apply(&found, edit, Some(&entry))
+    request.apply(&found, edit, Some(entry))
+}
+
+/// The URL entry for `--http`: the running daemon's address (started if needed) and, when
+/// tokens are on, a bearer token (the one already in the entry for the same URL, else a new
+/// one limited to the pinned workspace).
+fn http_entry(request: &Request, connector: &Connector) -> Result<Entry> {
+    let client = request.client;
+    if client.http_entry("http://x", None).is_none() {
+        bail!(
+            "{} takes no URL servers in its config file; install the stdio entry (without --http){}",
+            client.display_name(),
+            if client == Client::ClaudeDesktop {
+                ", or add a remote connector in Claude Desktop's Settings > Connectors"
+            } else {
+                ""
+            }
+        );
+    }
+    let home = &connector.home;
+    if !home.config_file().is_file() {
+        bail!(
+            "{} is not set up yet; run `{}` first",
+            home.root().display(),
+            init_command(home, &request.env)
+        );
+    }
+    let (_, status) = crate::cli::request(connector, &ControlRequest::Status)?;
+    let Some(base) = status["http"].as_str() else {
+        bail!(
+            "the daemon serves no HTTP (its log under {} says why); check [http] in {}",
+            home.logs_dir().display(),
+            home.config_file().display()
+        );
+    };
+    let url = match &request.workspace {
+        Some(slug) => format!("{base}/mcp/{slug}"),
+        None => format!("{base}/mcp"),
+    };
+    if configured_port(home) == 0 {
+        say!(
+            "note: the daemon picks a new HTTP port each time it starts ([http] port = 0), so this URL lasts until it restarts; set a fixed port in {} (e.g. port = 8765) and re-run",
+            home.config_file().display()
+        );
+    }
+    let tokens = status["http_tokens"].as_bool().unwrap_or(false);
+    let bearer = if tokens {
+        match existing_bearer(request, &url)? {
+            Some(token) => Some(token),
+            None => {
+                let (_, minted) = crate::cli::request(
+                    connector,
+                    &ControlRequest::AuthToken {
+                        workspace: request.workspace.clone(),
+                        ttl_secs: None,
+                    },
+                )?;
+                let token = minted["token"]
+                    .as_str()
+                    .ok_or_else(|| anyhow!("the daemon's reply has no token"))?;
+                Some(token.to_string())
+            }
+        }
+    } else {
+        None
+    };
+    Ok(client
+        .http_entry(&url, bearer.as_deref())
+        .expect("checked above that the client takes URL entries"))
+}
+
+/// `[http] port` from config.toml (0 when unset or unreadable: a free port each start).
+fn configured_port(home: &Home) -> i64 {
+    std::fs::read_to_string(home.config_file())
+        .ok()
+        .and_then(|text| text.parse::<toml_edit::DocumentMut>().ok())
+        .and_then(|doc| doc.get("http")?.get("port")?.as_integer())
+        .unwrap_or(0)
+}
+
+/// The token already in our entry when it points at `url`, so re-running install is
+/// idempotent instead of minting a token each time.
+fn existing_bearer(request: &Request, url: &str) -> Result<Option<String>> {
+    let found = files::read(&request.path)?;
+    let current = match request.format {
+        Format::Json {
+            dialect,
+            servers_key,
+        } => json::current_entry(found.text.as_deref(), json_target(dialect, servers_key)),
+        Format::CodexToml => codex::current_entry(found.text.as_deref(), SERVER_NAME),
+        Format::ContinueBlock => Ok(None),
+    }
+    .map_err(|error| refusal(&found.path, error))?;
+    let Some(current) = current else {
+        return Ok(None);
+    };
+    let same_url = super::entry::URL_KEYS
+        .iter()
+        .any(|key| current.get(*key).and_then(|v| v.as_str()) == Some(url));
+    if !same_url {
+        return Ok(None);
+    }
+    Ok(["headers", "http_headers"].iter().find_map(|key| {
+        current
+            .get(*key)?
+            .get(super::entry::AUTHORIZATION)?
+            .as_str()?
+            .strip_prefix("Bearer ")
+            .map(str::to_string)
+    }))
 }
 
 /// `alexandria mcp uninstall <client>`
@@ -542,11 +666,24 @@ fn launchd_domain() -> Result<Option<(PathBuf, String)>> {
 }
 
 fn print_entry(entry: &Entry, workspace: Option<&str>) {
-    say!(
-        "  command: {} {}",
-        entry.command(),
-        claude_cli::shell_words(entry.args())
-    );
+    if let Some(url) = entry.url() {
+        say!("  url: {url}");
+        let bearer = entry.fields.iter().any(|(_, value)| {
+            matches!(value, super::entry::FieldValue::Env(vars)
+                if vars.iter().any(|(k, v)| k == super::entry::AUTHORIZATION && v.is_some()))
+        });
+        if bearer {
+            say!(
+                "  with a bearer token (Authorization header); it is a secret: keep the file private"
+            );
+        }
+    } else {
+        say!(
+            "  command: {} {}",
+            entry.command(),
+            claude_cli::shell_words(entry.args())
+        );
+    }
     if let Some(home) = entry.home() {
         say!("  env: {}={home}", super::entry::HOME_VAR);
     }

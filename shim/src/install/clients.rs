@@ -51,6 +51,20 @@ impl Client {
         Entry::stdio(type_field, command, args, home)
     }
 
+    /// Our URL entry (Streamable HTTP) in this client's dialect; `None` for clients whose
+    /// config file takes no URL servers.
+    pub fn http_entry(self, url: &str, bearer: Option<&str>) -> Option<Entry> {
+        let (kind, url_key, headers_key) = match self {
+            Client::ClaudeCode | Client::Vscode => (Some("http"), "url", "headers"),
+            Client::Cursor => (None, "url", "headers"),
+            Client::Windsurf => (None, "serverUrl", "headers"),
+            Client::Gemini => (None, "httpUrl", "headers"),
+            Client::Codex => (None, "url", "http_headers"),
+            Client::ClaudeDesktop | Client::Zed | Client::Continue => return None,
+        };
+        Some(Entry::http(kind, url_key, url, headers_key, bearer))
+    }
+
     /// What the user does next for the client to see the change.
     pub fn reload_hint(self, scope: Scope) -> &'static str {
         match (self, scope) {

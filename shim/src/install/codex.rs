@@ -22,7 +22,9 @@ pub fn upsert(text: Option<&str>, name: &str, entry: &Entry) -> Result<Edit, Edi
             Change::Added
         }
         Some(item) => match item.as_table_like_mut() {
-            Some(existing) if !REMOTE_KEYS.iter().any(|k| existing.contains_key(k)) => {
+            Some(existing)
+                if REMOTE_KEYS.iter().any(|k| existing.contains_key(k)) == entry.is_remote() =>
+            {
                 let mut changed = false;
                 for (key, value) in &entry.fields {
                     if let FieldValue::Env(vars) = value {
@@ -56,6 +58,42 @@ pub fn upsert(text: Option<&str>, name: &str, entry: &Entry) -> Result<Edit, Edi
         change,
         text: document.to_string(),
     })
+}
+
+/// Our entry as JSON (`command`, `args`, `env`, …) for checks such as `alexandria doctor`.
+pub fn current_entry(
+    text: Option<&str>,
+    name: &str,
+) -> Result<Option<serde_json::Value>, EditError> {
+    let mut document = parse(text)?;
+    let Some(servers) = servers_table(&mut document, false)? else {
+        return Ok(None);
+    };
+    Ok(servers.get(name).map(item_json))
+}
+
+fn item_json(item: &Item) -> serde_json::Value {
+    use serde_json::Value as Json;
+    if let Some(table) = item.as_table_like() {
+        return Json::Object(
+            table
+                .iter()
+                .map(|(k, v)| (k.to_string(), item_json(v)))
+                .collect(),
+        );
+    }
+    match item.as_value() {
+        Some(Value::String(s)) => Json::String(s.value().clone()),
+        Some(Value::Boolean(b)) => Json::Bool(*b.value()),
+        Some(Value::Integer(i)) => Json::from(*i.value()),
+        Some(Value::Array(array)) => Json::Array(
+            array
+                .iter()
+                .map(|v| item_json(&Item::Value(v.clone())))
+                .collect(),
+        ),
+        _ => Json::Null,
+    }
 }
 
 /// Remove `[mcp_servers.<name>]`.

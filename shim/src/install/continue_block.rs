@@ -39,6 +39,44 @@ pub fn render(entry: &Entry) -> String {
     )
 }
 
+/// Our block read back as an entry (`command`, `args`, `env`); `None` when there is no file.
+/// Only files we wrote are read: their strings are JSON-quoted, one field a line.
+pub fn current_entry(text: Option<&str>) -> Result<Option<serde_json::Value>, EditError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    check_ours(text)?;
+    let invalid = |message: String| EditError::Invalid {
+        format: "alexandria's YAML block",
+        message,
+    };
+    let mut entry = serde_json::Map::new();
+    let mut env = serde_json::Map::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let Some((key, value)) = trimmed.split_once(": ") else {
+            continue;
+        };
+        let parsed = || {
+            serde_json::from_str::<serde_json::Value>(value)
+                .map_err(|e| invalid(format!("{key}: {e}")))
+        };
+        match key {
+            "command" | "args" if line.starts_with("    ") => {
+                entry.insert(key.to_string(), parsed()?);
+            }
+            _ if line.starts_with("      ") => {
+                env.insert(key.to_string(), parsed()?);
+            }
+            _ => {}
+        }
+    }
+    if !env.is_empty() {
+        entry.insert("env".to_string(), serde_json::Value::Object(env));
+    }
+    Ok(Some(serde_json::Value::Object(entry)))
+}
+
 pub fn upsert(text: Option<&str>, entry: &Entry) -> Result<Edit, EditError> {
     let wanted = render(entry);
     match text {
@@ -112,6 +150,25 @@ mod tests {
             text.ends_with("    env:\n      ALEXANDRIA_HOME: \"/w/my home\"\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn reads_back_what_it_renders() {
+        let entry = Entry::stdio(
+            true,
+            "/opt/a b/alexandria",
+            &["mcp".into(), "serve".into()],
+            Some("/w/h"),
+        );
+        assert_eq!(
+            current_entry(Some(&render(&entry))),
+            Ok(Some(serde_json::json!({
+                "command": "/opt/a b/alexandria",
+                "args": ["mcp", "serve"],
+                "env": {"ALEXANDRIA_HOME": "/w/h"},
+            })))
+        );
+        assert!(current_entry(Some("name: mine\n")).is_err());
     }
 
     #[test]

@@ -74,6 +74,12 @@ impl FieldValue {
     }
 }
 
+/// The header a URL entry carries its bearer token in.
+pub const AUTHORIZATION: &str = "Authorization";
+
+/// The keys under which clients take a server's URL.
+pub const URL_KEYS: [&str; 3] = ["url", "httpUrl", "serverUrl"];
+
 /// The environment variable our entries carry when the home is not the default.
 pub const HOME_VAR: &str = alexandria_proto::home::HOME_ENV;
 
@@ -98,6 +104,44 @@ impl Entry {
             FieldValue::Env(vec![(HOME_VAR.to_string(), home.map(str::to_string))]),
         ));
         Entry { fields }
+    }
+
+    /// A URL entry for the daemon's Streamable HTTP endpoint: `type` (when the client wants
+    /// one), the URL under `url_key` (`url`, `httpUrl`, `serverUrl`), and the bearer token in
+    /// `headers_key` (`headers`, Codex `http_headers`) when tokens are on, else removed.
+    pub fn http(
+        type_field: Option<&str>,
+        url_key: &'static str,
+        url: &str,
+        headers_key: &'static str,
+        bearer: Option<&str>,
+    ) -> Entry {
+        let mut fields = Vec::new();
+        if let Some(kind) = type_field {
+            fields.push(("type", FieldValue::Str(kind.to_string())));
+        }
+        fields.push((url_key, FieldValue::Str(url.to_string())));
+        fields.push((
+            headers_key,
+            FieldValue::Env(vec![(
+                AUTHORIZATION.to_string(),
+                bearer.map(|token| format!("Bearer {token}")),
+            )]),
+        ));
+        Entry { fields }
+    }
+
+    /// Whether this entry points at a URL rather than a command.
+    pub fn is_remote(&self) -> bool {
+        self.fields.iter().any(|(key, _)| URL_KEYS.contains(key))
+    }
+
+    /// The URL of a remote entry.
+    pub fn url(&self) -> Option<&str> {
+        self.fields.iter().find_map(|(key, value)| match value {
+            FieldValue::Str(url) if URL_KEYS.contains(key) => Some(url.as_str()),
+            _ => None,
+        })
     }
 
     /// The home this entry sets, if any.
@@ -165,7 +209,8 @@ pub fn plan(existing: Option<&Value>, entry: &Entry) -> Plan {
     let Some(object) = existing.as_object() else {
         return Plan::Replace;
     };
-    if is_remote(object) {
+    // A command entry and a URL entry do not mix: switching kinds replaces the entry whole.
+    if is_remote(object) != entry.is_remote() {
         return Plan::Replace;
     }
     let stale: Vec<&'static str> = entry
@@ -184,7 +229,7 @@ pub fn plan(existing: Option<&Value>, entry: &Entry) -> Plan {
 /// The entry after the merge, as JSON (used where we hand a whole entry to someone else).
 pub fn merged(existing: Option<&Value>, entry: &Entry) -> Value {
     let mut object = match existing {
-        Some(Value::Object(object)) if !is_remote(object) => object.clone(),
+        Some(Value::Object(object)) if is_remote(object) == entry.is_remote() => object.clone(),
         _ => serde_json::Map::new(),
     };
     for (key, value) in &entry.fields {
@@ -206,7 +251,6 @@ pub fn merged(existing: Option<&Value>, entry: &Entry) -> Value {
 }
 
 fn is_remote(object: &serde_json::Map<String, Value>) -> bool {
-    const URL_KEYS: [&str; 3] = ["url", "httpUrl", "serverUrl"];
     const REMOTE_TYPES: [&str; 3] = ["http", "sse", "streamable-http"];
     URL_KEYS.iter().any(|key| object.contains_key(*key))
         || object
@@ -341,6 +385,45 @@ mod tests {
         );
         assert_eq!(homed("/w/h").home(), Some("/w/h"));
         assert_eq!(ours().home(), None);
+    }
+
+    #[test]
+    fn url_entries_replace_command_entries_and_back() {
+        let http = Entry::http(
+            Some("http"),
+            "url",
+            "http://127.0.0.1:7/mcp",
+            "headers",
+            Some("t"),
+        );
+        let stdio = json!({"type": "stdio", "command": "/bin/alexandria", "args": ["mcp", "serve"], "env": {"A": "1"}});
+        assert_eq!(plan(Some(&stdio), &http), Plan::Replace);
+        assert_eq!(
+            merged(Some(&stdio), &http),
+            json!({"type": "http", "url": "http://127.0.0.1:7/mcp", "headers": {"Authorization": "Bearer t"}})
+        );
+        let current = merged(None, &http);
+        assert_eq!(plan(Some(&current), &http), Plan::Unchanged);
+        // Tokens turned off: the header goes, other headers stay.
+        let untokened = Entry::http(
+            Some("http"),
+            "url",
+            "http://127.0.0.1:7/mcp",
+            "headers",
+            None,
+        );
+        let with_other = json!({"type": "http", "url": "http://127.0.0.1:7/mcp", "headers": {"Authorization": "Bearer t", "X": "1"}});
+        assert_eq!(
+            plan(Some(&with_other), &untokened),
+            Plan::Patch(vec!["headers"])
+        );
+        assert_eq!(
+            merged(Some(&with_other), &untokened),
+            json!({"type": "http", "url": "http://127.0.0.1:7/mcp", "headers": {"X": "1"}})
+        );
+        assert_eq!(plan(Some(&current), &ours()), Plan::Replace);
+        assert!(http.is_remote() && !ours().is_remote());
+        assert_eq!(http.url(), Some("http://127.0.0.1:7/mcp"));
     }
 
     #[test]

@@ -8,17 +8,20 @@
 
 mod claude_cli;
 mod cli;
-mod clients;
-mod codex;
-mod continue_block;
+pub(crate) mod clients;
+pub(crate) mod codex;
+pub(crate) mod continue_block;
 mod entry;
 mod files;
-mod json;
-mod service;
+pub(crate) mod json;
+pub(crate) mod service;
 
+pub use claude_cli::find_on_path;
 pub use cli::{
-    McpInstallArgs, ServiceArgs, install_service, mcp_install, mcp_uninstall, uninstall_service,
+    McpInstallArgs, ServiceArgs, init_command, install_service, mcp_install, mcp_uninstall,
+    uninstall_service,
 };
+pub use files::BACKUP_SUFFIX;
 
 /// The one server name alexandria owns in every client's config.
 pub const SERVER_NAME: &str = "alexandria";
