@@ -85,8 +85,8 @@ check "typescript http /mcp" "$node" ts_client.mjs http "$url/mcp"
 
 # Wiki pages as resources: list, templates, read, subscribe and an update after a write.
 check "python resources stdio pinned" "$python" python_resources.py --stdio "$bin/alexandria" --workspace global
-check "python resources stdio open" "$python" python_resources.py --stdio "$bin/alexandria"
-check "python resources http /mcp/global" "$python" python_resources.py --url "$url/mcp/global" --workspace global
+check "python resources stdio open" "$python" python_resources.py --stdio "$bin/alexandria" --listen
+check "python resources http /mcp/global" "$python" python_resources.py --url "$url/mcp/global" --workspace global --listen
 check "python resources http /mcp" "$python" python_resources.py --url "$url/mcp"
 check "typescript resources stdio pinned" "$node" ts_resources.mjs stdio "$bin/alexandria" global
 check "typescript resources http /mcp" "$node" ts_resources.mjs http "$url/mcp"

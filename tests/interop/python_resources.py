@@ -77,6 +77,29 @@ async def run(args: argparse.Namespace) -> None:
             fail(f"read after update: {fresh}")
         print(f"ok: {len(uris)} resources, templates {patterns}, update for {uri}")
 
+    if args.listen:
+        await listen(server, scope, slug)
+
+
+async def listen(server, scope: dict, slug: str) -> None:
+    """2026-07-28: subscriptions/listen with a resource URI, then a write to it."""
+    async with Client(server, mode="auto", read_timeout_seconds=30, cache=None) as client:
+        if client.protocol_version != "2026-07-28":
+            fail(f"negotiated {client.protocol_version}, expected 2026-07-28")
+        page_path = f"wiki/listen-{uuid.uuid4().hex[:8]}.md"
+        uri = f"alexandria://{slug}/{page_path}"
+        async with client.listen(resource_subscriptions=[uri]) as sub:
+            created = await client.call_tool(
+                "write", {"command": "create", "path": page_path, "content": "# Listen\n", **scope}
+            )
+            if created.is_error:
+                fail(f"write: {created.content}")
+            with anyio.fail_after(20):
+                async for event in sub:
+                    if uri in str(event):
+                        break
+        print(f"ok: subscriptions/listen delivered an update for {uri}")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -84,6 +107,7 @@ def main() -> None:
     target.add_argument("--stdio")
     target.add_argument("--url")
     parser.add_argument("--workspace")
+    parser.add_argument("--listen", action="store_true", help="also check subscriptions/listen (2026-07-28)")
     asyncio.run(run(parser.parse_args()))
 
 

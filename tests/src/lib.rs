@@ -147,8 +147,16 @@ impl Env {
         text.split_whitespace().next()?.parse().ok()
     }
 
-    /// `alexandria mcp serve [--workspace slug]` as a command.
+    /// `alexandria mcp serve [--workspace slug]` as a command. The home gets a
+    /// `config.toml` first (as `alexandria init` would, without starting anything), since a
+    /// shim refuses a home that was never set up; `bare_shim_command` skips that.
     pub fn shim_command(&self, pinned: Option<&str>) -> Command {
+        self.set_up_home();
+        self.bare_shim_command(pinned)
+    }
+
+    /// `alexandria mcp serve [--workspace slug]` on the home exactly as it is.
+    pub fn bare_shim_command(&self, pinned: Option<&str>) -> Command {
         let mut command = self.command();
         command.args(["mcp", "serve"]);
         if let Some(slug) = pinned {

@@ -222,7 +222,7 @@ fn a_shim_without_a_home_explains_instead_of_creating_one() {
         if set_up {
             fs::create_dir_all(&env.home).expect("home dir");
         }
-        let mut shim = env.raw_shim(Some("acme"));
+        let mut shim = RawShim::spawn(env.bare_shim_command(Some("acme")));
         let init = shim.initialize("2025-06-18");
         assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
         assert_eq!(init["result"]["serverInfo"]["name"], "alexandria");

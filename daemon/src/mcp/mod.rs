@@ -18,9 +18,10 @@ use rmcp::model::{
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
     ResourceContents, ResourceTemplate, ResourceUpdatedNotificationParam, ServerCapabilities,
-    ServerConfig, SubscribeRequestParams, Tool, ToolAnnotations, UnsubscribeRequestParams,
+    ServerConfig, SubscribeRequestParams, SubscriptionFilter, Tool, ToolAnnotations,
+    UnsubscribeRequestParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -390,6 +391,51 @@ impl ServerHandler for AlexandriaServer {
         }
         .with_mime_type(mime);
         Ok(ReadResourceResult::new(vec![contents]).into())
+    }
+
+    /// 2026-07-28 `subscriptions/listen`: accept the resource URIs this session may read.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let uris: Vec<String> = requested
+            .resource_subscriptions
+            .iter()
+            .flatten()
+            .filter(|uri| resources::may_subscribe(&self.session.binding, uri))
+            .cloned()
+            .collect();
+        let mut accepted = SubscriptionFilter::new();
+        accepted.resource_subscriptions = Some(uris);
+        Some(accepted)
+    }
+
+    /// Forward changes of the accepted URIs on the listen stream until it is cancelled.
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let accepted: HashSet<String> = context
+            .accepted()
+            .resource_subscriptions
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        let mut changes = self.store.subscribe_changes();
+        loop {
+            let change = tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                change = changes.recv() => change,
+            };
+            let change = match change {
+                Ok(change) => change,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+            };
+            let uri = resources::uri(&change.workspace, &change.path);
+            if accepted.contains(&uri) && context.sink().notify_resource_updated(uri).await.is_err()
+            {
+                return Ok(());
+            }
+        }
     }
 
     #[allow(deprecated)]

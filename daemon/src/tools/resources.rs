@@ -187,6 +187,21 @@ fn resolve(
     Ok((path, absolute))
 }
 
+/// Whether a session with `binding` may subscribe to `uri`, without touching the disk
+/// (the URI parses, its workspace is reachable, its path is a valid wiki/ or raw/ path).
+pub fn may_subscribe(binding: &Binding, uri: &str) -> bool {
+    let Ok((workspace, path)) = parse_uri(uri) else {
+        return false;
+    };
+    if let Binding::Pinned { workspace: pinned } = binding
+        && *pinned != workspace
+    {
+        return false;
+    }
+    alexandria_proto::paths::validate_workspace_path(&path, false)
+        .is_ok_and(|checked| matches!(checked.layer, Layer::Wiki | Layer::Raw))
+}
+
 /// Check that `uri` names a file this session may read (for `resources/subscribe`).
 pub fn check_subscribable(store: &Store, binding: &Binding, uri: &str) -> ToolResult<()> {
     resolve(store, binding, uri).map(|_| ())
@@ -245,5 +260,15 @@ mod tests {
         assert_eq!(mime_of("raw/p.pdf"), "application/pdf");
         assert_eq!(mime_of("raw/i.png"), "image/png");
         assert_eq!(fallback_title("wiki/topics/tide-pools.md"), "tide-pools");
+        let pinned = Binding::Pinned {
+            workspace: "acme".into(),
+        };
+        assert!(may_subscribe(&pinned, "alexandria://acme/wiki/a.md"));
+        assert!(!may_subscribe(&pinned, "alexandria://other/wiki/a.md"));
+        assert!(!may_subscribe(
+            &Binding::Open,
+            "alexandria://acme/wiki/../x.md"
+        ));
+        assert!(!may_subscribe(&Binding::Open, "alexandria://acme/runs/x"));
     }
 }
