@@ -631,10 +631,25 @@ fn check_entry(
     env: &Env,
 ) {
     let shown = path.display();
-    // Remote (URL) entries reach the daemon over HTTP: nothing local to check but the URL.
+    // URL entries reach the daemon over HTTP: check that something answers there.
     for key in ["url", "httpUrl", "serverUrl"] {
         if let Some(url) = entry.get(key).and_then(Value::as_str) {
-            report.ok(check, format!("{shown}: HTTP entry {url}"));
+            let reinstall = match url.rsplit_once("/mcp/") {
+                Some((_, slug)) => {
+                    format!("alexandria mcp install {name} --http --workspace {slug}")
+                }
+                None => format!("alexandria mcp install {name} --http"),
+            };
+            match probe_health(url) {
+                Ok(()) => report.ok(check, format!("{shown}: HTTP entry {url} (the daemon answers)")),
+                Err(problem) => report.error(
+                    check,
+                    format!("{shown}: HTTP entry {url}: {problem}"),
+                    format!(
+                        "start the daemon (alexandria daemon start); if its port changed, set [http] port in config.toml, restart it (alexandria daemon stop) and run `{reinstall}`"
+                    ),
+                ),
+            }
             return;
         }
     }
@@ -768,6 +783,40 @@ fn check_entry(
             format!("{what}; {}", notes.join("; ")),
             format!("if that is not intended: {reinstall}"),
         );
+    }
+}
+
+/// `GET /health` on the host of an `http://host:port/…` URL (open even with tokens on).
+fn probe_health(url: &str) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err("not an http:// URL (alexandria serves plain HTTP on loopback)".into());
+    };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let address = authority
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addresses| addresses.next())
+        .ok_or_else(|| format!("cannot resolve {authority}"))?;
+    let timeout = Duration::from_secs(2);
+    let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)
+        .map_err(|e| format!("nothing answers at {authority} ({e})"))?;
+    let _ = stream.set_read_timeout(Some(timeout));
+    let request = format!("GET /health HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("cannot send to {authority} ({e})"))?;
+    let mut reply = Vec::new();
+    let _ = stream.take(4096).read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply);
+    let status = reply.split_whitespace().nth(1).unwrap_or("");
+    if status == "200" && reply.contains("\"status\":\"ok\"") {
+        Ok(())
+    } else if status == "200" {
+        Err(format!("{authority} answers, but not as alexandria"))
+    } else {
+        Err(format!("{authority}/health answered {status:?}, not 200"))
     }
 }
 

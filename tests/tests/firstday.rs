@@ -639,6 +639,24 @@ fn http_entries_carry_the_url_and_the_bearer_token() {
         "{entry}"
     );
 
+    // doctor checks that the daemon answers at an entry's URL.
+    let (_, report) = doctor(&user, &env);
+    assert_eq!(only(&report, "client:cursor")["status"], "ok", "{report:#}");
+    let mut moved = read_json(&cursor);
+    moved["mcpServers"]["alexandria"]["url"] = json!("http://127.0.0.1:9/mcp");
+    fs::write(&cursor, moved.to_string()).expect("plant");
+    let (code, report) = doctor(&user, &env);
+    assert_eq!(code, 1);
+    let finding = only(&report, "client:cursor");
+    assert_eq!(finding["status"], "error", "{finding}");
+    assert!(
+        finding["fix"]
+            .as_str()
+            .unwrap_or("")
+            .contains("alexandria mcp install cursor --http"),
+        "{finding}"
+    );
+
     // Back to stdio: the URL entry is replaced whole.
     user.ok(&env, &["mcp", "install", "cursor"]);
     let entry = read_json(&cursor)["mcpServers"]["alexandria"].clone();

@@ -810,6 +810,15 @@ async fn disk_full_and_read_only_file_system() -> anyhow::Result<()> {
     let guide = call(&client, "guide", json!({})).await?;
     assert!(error_code(&guide).is_none(), "reads go on: {guide}");
     std::fs::remove_file(&filler)?;
+    // The daemon's watcher may still be reading the filler to index it; its blocks are
+    // freed only when that read closes the file. Wait for the space, not for a guess.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            rustix::fs::statvfs(&root)
+                .is_ok_and(|s| s.f_bavail.saturating_mul(s.f_frsize) > 8 * 1024 * 1024)
+        }),
+        "the filler's space was not freed"
+    );
     let result = call(
         &client,
         "write",
