@@ -36,7 +36,7 @@ impl User {
     }
 
     /// `alexandria` run by this user against `env`'s alexandria home (`ALEXANDRIA_HOME`).
-    fn alexandria(&self, env: &Env, args: &[&str]) -> std::process::Output {
+    fn command(&self, env: &Env, args: &[&str]) -> Command {
         let mut command = env.command();
         command
             .args(args)
@@ -45,7 +45,11 @@ impl User {
             .env_remove("XDG_CONFIG_HOME")
             .env_remove("CLAUDE_CONFIG_DIR")
             .env_remove("CODEX_HOME");
-        command.output().expect("run alexandria")
+        command
+    }
+
+    fn alexandria(&self, env: &Env, args: &[&str]) -> std::process::Output {
+        self.command(env, args).output().expect("run alexandria")
     }
 
     fn ok(&self, env: &Env, args: &[&str]) -> String {
@@ -432,6 +436,24 @@ fn doctor_passes_a_healthy_install_and_finds_each_planted_fault() {
         env.daemon_pid()
             .is_none_or(|pid| !alexandria_tests::process_alive(pid))
     );
+
+    // A daemon binary of another version than this alexandria.
+    let fake = env.dir.path().join("alexandriad-old");
+    fs::write(&fake, "#!/bin/sh\necho 'alexandriad 0.0.1'\n").expect("fake daemon");
+    fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let output = user
+        .command(&env, &["doctor", "--json"])
+        .env("ALEXANDRIAD", &fake)
+        .output()
+        .expect("doctor");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("json");
+    let finding = only(&report, "binaries");
+    assert_eq!(finding["status"], "error", "{finding}");
+    assert!(
+        finding["message"].as_str().unwrap_or("").contains("0.0.1"),
+        "{finding}"
+    );
+    assert_eq!(output.status.code(), Some(1));
 
     // No home at all.
     let empty = Env::new();
