@@ -128,7 +128,8 @@ pub enum ControlRequest {
     WorkspaceInfo {
         slug: String,
     },
-    /// Copy files into `raw/` of a workspace and index them. Paths are absolute.
+    /// Copy files into `raw/` of a workspace and index them. Paths are absolute; a
+    /// directory is copied recursively to `raw/<its name>/` (hidden entries skipped).
     Ingest {
         workspace: String,
         files: Vec<String>,

@@ -106,8 +106,11 @@ pub fn ingest(connector: &Connector, workspace: &str, files: &[PathBuf]) -> Resu
     for file in files {
         let path = std::fs::canonicalize(file)
             .with_context(|| format!("cannot read {}", file.display()))?;
-        if !path.is_file() {
-            bail!("{} is not a file", file.display());
+        if !path.is_file() && !path.is_dir() {
+            bail!(
+                "{} is neither a file nor a folder; nothing was ingested",
+                file.display()
+            );
         }
         absolute.push(path.display().to_string());
     }

@@ -40,11 +40,12 @@ enum Command {
     /// Manage workspaces
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
-    /// Copy source files into a workspace's raw/ layer and index them
+    /// Copy source files (or folders, recursively) into a workspace's raw/ layer and index them
     Ingest {
         /// The workspace slug
         workspace: String,
-        /// Files to copy (markdown, text, PDF, images)
+        /// Files or folders to copy (markdown, text, PDF, images); a folder keeps its
+        /// layout under raw/<folder name>/, skipping hidden files and folders
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
