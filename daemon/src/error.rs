@@ -1,15 +1,32 @@
 //! Tool errors: a code from SPEC §4, a message, a hint and optional details.
 //! `mcp` turns them into `isError` results; `control` into `Failed` replies.
+//!
+//! A hint tells the reader what to do next, and the reader is either an agent calling
+//! tools or a person at the command line: "call guide()" helps the one and confuses
+//! the other. An error carries the agent's hint and, when a person needs other words,
+//! theirs (`with_person_hint`); `hint_for` is the one place that picks.
 
 use alexandria_proto::ErrorCode;
 use serde_json::{Map, Value};
+
+/// Who reads an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    /// An agent, through a tool result: hints name tools and parameters.
+    Agent,
+    /// A person, through the CLI: hints name `alexandria` commands.
+    Person,
+}
 
 /// An error a caller can act on.
 #[derive(Debug, Clone)]
 pub struct ToolError {
     pub code: ErrorCode,
     pub message: String,
+    /// The hint for an agent, and for a person unless `person_hint` is set.
     pub hint: String,
+    /// The hint for a person when the agent's would name tools.
+    pub person_hint: Option<String>,
     pub details: Map<String, Value>,
 }
 
@@ -21,7 +38,28 @@ impl ToolError {
             code,
             message: message.into(),
             hint: hint.into(),
+            person_hint: None,
             details: Map::new(),
+        }
+    }
+
+    /// Another hint than the constructor's.
+    pub fn with_hint(mut self, hint: impl Into<String>) -> ToolError {
+        self.hint = hint.into();
+        self
+    }
+
+    /// Other words for a person at the command line.
+    pub fn with_person_hint(mut self, hint: impl Into<String>) -> ToolError {
+        self.person_hint = Some(hint.into());
+        self
+    }
+
+    /// The hint for `audience`.
+    pub fn hint_for(&self, audience: Audience) -> &str {
+        match (audience, &self.person_hint) {
+            (Audience::Person, Some(hint)) => hint,
+            _ => &self.hint,
         }
     }
 
@@ -65,7 +103,7 @@ impl ToolError {
         let mut error = Map::new();
         error.insert("code".into(), self.code.as_str().into());
         error.insert("message".into(), self.message.clone().into());
-        error.insert("hint".into(), self.hint.clone().into());
+        error.insert("hint".into(), self.hint_for(Audience::Agent).into());
         for (key, value) in &self.details {
             error.insert(key.clone(), value.clone());
         }
@@ -74,7 +112,12 @@ impl ToolError {
 
     /// The text content of an error result: begins with the code.
     pub fn to_text(&self) -> String {
-        format!("{}: {}\nhint: {}", self.code, self.message, self.hint)
+        format!(
+            "{}: {}\nhint: {}",
+            self.code,
+            self.message,
+            self.hint_for(Audience::Agent)
+        )
     }
 }
 

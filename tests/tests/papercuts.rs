@@ -408,25 +408,48 @@ fn a_failing_directory_ingest_changes_nothing() {
     let env = Env::new();
     env.ok(&["init"]);
     env.ok(&["workspace", "create", "lab"]);
-    let folder = env.dir.path().join("batch");
-    std::fs::create_dir_all(&folder).expect("mkdir");
-    std::fs::write(folder.join("a.md"), "# A\n").expect("a");
-    std::fs::write(folder.join("b.md"), "# B\n").expect("b");
-    // A file name that is not UTF-8 cannot become a raw/ path: the ingest fails.
-    std::fs::write(
-        folder.join(std::ffi::OsStr::from_bytes(b"z\xff.md")),
-        "# Z\n",
-    )
-    .expect("z");
+    // raw/batch2 is a file, so a folder named batch2 cannot go there.
+    env.ingest("lab", &[("batch2", b"a source named like a folder\n")]);
     let before = commit_count(&env, "lab");
-    let output = env.run(&["ingest", "lab", folder.to_str().expect("utf-8")]);
+    let raw_before = walk(&env.workspace_dir("lab").join("raw"));
+    let first = env.dir.path().join("batch");
+    let second = env.dir.path().join("batch2");
+    for (path, text) in [
+        (first.join("a.md"), "# A\n"),
+        (first.join("sub/b.md"), "# B\n"),
+        (second.join("c.md"), "# C\n"),
+    ] {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+    let output = env.run(&[
+        "ingest",
+        "lab",
+        first.to_str().expect("utf-8"),
+        second.to_str().expect("utf-8"),
+    ]);
+    assert!(!output.status.success());
+    let text = stderr(&output);
+    assert!(text.contains("raw/batch2 is a file"), "{text}");
+    assert!(text.contains("nothing was ingested"), "{text}");
+    assert!(text.contains("hint: rename"), "{text}");
+    assert_eq!(commit_count(&env, "lab"), before);
+    // The files of `batch` were staged before `batch2` failed: all gone again.
+    assert_eq!(walk(&env.workspace_dir("lab").join("raw")), raw_before);
+    assert!(!env.workspace_dir("lab").join("raw/batch").exists());
+
+    // A file name that is not UTF-8 cannot become a raw/ path.
+    let odd = env.dir.path().join("odd");
+    std::fs::create_dir_all(&odd).expect("mkdir");
+    std::fs::write(odd.join("a.md"), "# A\n").expect("a");
+    std::fs::write(odd.join(std::ffi::OsStr::from_bytes(b"z\xff.md")), "# Z\n").expect("z");
+    let output = env.run(&["ingest", "lab", odd.to_str().expect("utf-8")]);
     assert!(!output.status.success());
     let text = stderr(&output);
     assert!(text.contains("no usable file name"), "{text}");
     assert!(text.contains("nothing was ingested"), "{text}");
     assert_eq!(commit_count(&env, "lab"), before);
-    let raw: Vec<String> = walk(&env.workspace_dir("lab").join("raw"));
-    assert_eq!(raw, vec![".gitkeep".to_string()], "raw/ is unchanged");
+    assert_eq!(walk(&env.workspace_dir("lab").join("raw")), raw_before);
 }
 
 fn walk(dir: &Path) -> Vec<String> {

@@ -19,6 +19,7 @@
 //! May import: `index`, `workspace`, `db`, `error`, `faults`. Tools call it; it never
 //! calls a tool.
 
+pub mod ingest;
 pub mod recover;
 pub mod watch;
 

@@ -6,11 +6,14 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::params::parse_time;
+use super::params::{limit_in_range, parse_time};
 use super::{ToolOutput, resolve_workspace};
 use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
 use crate::workspace::Store;
+
+/// The largest `limit` (the schema says the same).
+const LIMIT_MAX: u32 = 500;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -29,7 +32,9 @@ pub struct HistoryParams {
     pub path: Option<String>,
     /// Only this run.
     pub run_id: Option<String>,
-    /// Maximum entries (default 50, at most 500), newest first.
+    /// Maximum entries, 1 to 500 (default 50), newest first; page through more with
+    /// `cursor`.
+    #[schemars(range(min = 1, max = LIMIT_MAX))]
     pub limit: Option<u32>,
     /// `next_cursor` from a previous call.
     pub cursor: Option<String>,
@@ -57,7 +62,7 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
         .map(crate::tools::params::scope)
         .transpose()?;
     let matcher = scope.map(|s| s.matcher);
-    let limit = params.limit.unwrap_or(50).clamp(1, 500) as usize;
+    let limit = limit_in_range(params.limit, 50, LIMIT_MAX)?;
     let offset = crate::tools::params::parse_cursor(params.cursor.as_deref())?;
     let connection = store.pool.get()?;
     let mut statement = connection.prepare_cached(

@@ -1,4 +1,4 @@
-//! Parameter helpers shared by the tools: path-glob scopes, cursors, times.
+//! Parameter helpers shared by the tools: path-glob scopes, cursors, limits, times.
 
 use alexandria_proto::paths::{self, Layer};
 
@@ -87,6 +87,22 @@ pub(crate) fn parse_cursor(cursor: Option<&str>) -> ToolResult<usize> {
     }
 }
 
+/// The `limit` a caller gave, or `default`. Outside `1..=max` it is refused rather
+/// than clamped: `limit: 0` meaning "one result" surprises everyone. Every tool that
+/// takes a limit goes through here, and says the range in its schema.
+pub(crate) fn limit_in_range(given: Option<u32>, default: u32, max: u32) -> ToolResult<usize> {
+    match given {
+        None => Ok(default as usize),
+        Some(n) if (1..=max).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ToolError::invalid_argument(
+            format!("limit={n} is out of range"),
+            format!("pass a limit from 1 to {max} (or omit it: the default is {default}), and page through more with cursor"),
+        )
+        .with_detail("min", 1)
+        .with_detail("max", max)),
+    }
+}
+
 /// Parse a time bound into epoch milliseconds.
 pub fn parse_time(text: &str, now: i64) -> Option<i64> {
     let text = text.trim();
@@ -140,6 +156,18 @@ mod tests {
         assert_eq!(iso_time(0), "1970-01-01T00:00:00Z");
         assert_eq!(iso_time(1_700_000_000_000), "2023-11-14T22:13:20Z");
         assert_eq!(iso_time(951_782_400_000), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(limit_in_range(None, 10, 1000).expect("default"), 10);
+        assert_eq!(limit_in_range(Some(1), 10, 1000).expect("min"), 1);
+        assert_eq!(limit_in_range(Some(1000), 10, 1000).expect("max"), 1000);
+        for bad in [0, 1001, u32::MAX] {
+            let error = limit_in_range(Some(bad), 10, 1000).expect_err("out of range");
+            assert_eq!(error.code, alexandria_proto::ErrorCode::InvalidArgument);
+            assert!(error.hint.contains("1 to 1000"), "{}", error.hint);
+        }
     }
 
     #[test]

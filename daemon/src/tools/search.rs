@@ -8,11 +8,14 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::params::{parse_cursor, scope};
+use super::params::{limit_in_range, parse_cursor, scope};
 use super::{ToolOutput, resolve_workspace};
 use crate::error::{ToolError, ToolResult};
 use crate::index::{self, SearchQuery};
 use crate::workspace::Store;
+
+/// The largest `limit` (the schema says the same).
+const LIMIT_MAX: u32 = 1000;
 
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -45,7 +48,9 @@ pub struct SearchParams {
     pub path: Option<String>,
     /// Which layer to search: `wiki`, `raw` or `all` (default).
     pub layer: Option<LayerArg>,
-    /// Maximum results (default 10 for search, 200 for list; at most 1000).
+    /// Maximum results, 1 to 1000 (default 10 for search, 200 for list); page
+    /// through more with `cursor`.
+    #[schemars(range(min = 1, max = LIMIT_MAX))]
     pub limit: Option<u32>,
     /// `next_cursor` from a previous call, to get the next page of results.
     pub cursor: Option<String>,
@@ -80,7 +85,7 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
                     "pass query=\"words to find\", or mode=\"list\" with a path glob",
                 ));
             };
-            let limit = params.limit.unwrap_or(10).clamp(1, 1000) as usize;
+            let limit = limit_in_range(params.limit, 10, LIMIT_MAX)?;
             let (hits, more) = index::search(
                 &connection,
                 &SearchQuery {
@@ -135,7 +140,7 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
             })
         }
         SearchMode::List => {
-            let limit = params.limit.unwrap_or(200).clamp(1, 1000) as usize;
+            let limit = limit_in_range(params.limit, 200, LIMIT_MAX)?;
             let files = index::list(
                 &connection,
                 &slug,

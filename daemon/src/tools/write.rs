@@ -21,7 +21,7 @@ use crate::faults::crash_point;
 use crate::index::extract::Kind;
 use crate::index::markdown;
 use crate::index::{self};
-use crate::workspace::{Store, revision};
+use crate::workspace::{Store, names, revision};
 
 /// Largest page a write may produce.
 pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
@@ -61,8 +61,8 @@ pub struct WriteParams {
 pub fn check_citations(store: &Store, workspace: &str, text: &str) -> ToolResult<()> {
     let mut problems = Vec::new();
     for citation in markdown::citations(text) {
-        let target = &citation.target;
-        let checked = match paths::validate_workspace_path(target, false) {
+        let target = &citation.written;
+        let checked = match paths::validate_workspace_path(&citation.target, false) {
             Ok(p) if p.layer == Layer::Raw => p,
             _ => {
                 problems.push(json!({"citation": target, "problem": "not a valid raw/ path"}));
@@ -113,6 +113,58 @@ pub fn check_citations(store: &Store, workspace: &str, text: &str) -> ToolResult
     .with_detail("citations", problems))
 }
 
+/// Refuse control characters other than tab, line feed and carriage return: a NUL
+/// makes git treat the page as binary, and the others are invisible in an editor and
+/// garble a terminal.
+fn check_text(name: &str, text: &str) -> ToolResult<()> {
+    for (line, content) in text.split('\n').enumerate() {
+        let found = content
+            .chars()
+            .enumerate()
+            .find(|(_, c)| c.is_control() && !matches!(c, '\t' | '\r'));
+        if let Some((column, c)) = found {
+            let code = format!("U+{:04X}", u32::from(c));
+            return Err(ToolError::invalid_argument(
+                format!(
+                    "{name} contains a control character ({code}) at line {}, column {}",
+                    line + 1,
+                    column + 1
+                ),
+                "page text is markdown: tabs and line breaks are fine, other control characters are not; remove it (binary files belong in raw/, which the user manages)",
+            )
+            .with_detail("character", code)
+            .with_detail("line", line + 1)
+            .with_detail("column", column + 1));
+        }
+    }
+    Ok(())
+}
+
+/// Refuse a new page whose path a case- or normalization-insensitive file system
+/// (macOS, Windows) would merge with an existing one: a clone there would lose one.
+fn refuse_name_collision(store: &Store, workspace: &str, path: &str) -> ToolResult<()> {
+    let root = store.workspace_dir(workspace);
+    let existing = names::conflicting_path(&root, path)
+        .map_err(|e| io_error("checking the names beside the page", e))?;
+    let Some(existing) = existing else {
+        return Ok(());
+    };
+    Err(ToolError::invalid_path(format!(
+        "{path} differs from the existing {existing} only by letter case or Unicode normalization; on macOS and Windows they would be one file"
+    ))
+    .with_hint(if existing.matches('/').count() < path.matches('/').count() {
+        format!(
+            "put the page under {existing}/ (the folder that exists), or choose a name that differs in more than case or accents"
+        )
+    } else {
+        format!(
+            "change {existing} instead (read it, then str_replace or append), or choose a name that differs in more than case or accents"
+        )
+    })
+    .with_detail("path", path)
+    .with_detail("existing", existing))
+}
+
 fn require_arg<'a>(value: &'a Option<String>, name: &str, command: &str) -> ToolResult<&'a str> {
     value.as_deref().ok_or_else(|| {
         ToolError::invalid_argument(
@@ -153,6 +205,11 @@ pub fn write(
             require_arg(&params.new_str, "new_str", command_name)?.to_string()
         }
     };
+    let payload_name = match command {
+        WriteCommand::StrReplace => "new_str",
+        _ => "content",
+    };
+    check_text(payload_name, &payload)?;
     if payload.len() > MAX_PAGE_BYTES {
         return Err(ToolError::new(
             ErrorCode::TooLarge,
@@ -223,7 +280,10 @@ pub fn write(
             )
             .with_detail("rev", current_rev.clone()));
         }
-        (WriteCommand::Create, None) => payload.clone(),
+        (WriteCommand::Create, None) => {
+            refuse_name_collision(store, &workspace, &path)?;
+            payload.clone()
+        }
         (_, None) => return Err(ToolError::not_found(&path)),
         (WriteCommand::Append, Some(text)) => {
             let mut text = text.into_owned();

@@ -1,7 +1,6 @@
 //! Control requests from the CLI: status, init, workspaces (create, list, rename, archive,
 //! restore, info), ingest, tokens, stop.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use alexandria_proto::{ControlReply, ControlRequest, ErrorCode};
@@ -10,7 +9,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::context::DaemonContext;
-use crate::error::ToolError;
+use crate::error::{Audience, ToolError};
 use crate::index;
 use crate::tools::workspaces;
 use crate::transport::socket::{Frame, read_frame};
@@ -57,8 +56,8 @@ pub async fn handle(
             Ok(reply) => reply,
             Err(error) => ControlReply::Failed {
                 code: error.code.as_str().into(),
+                hint: error.hint_for(Audience::Person).to_string(),
                 message: error.message,
-                hint: error.hint,
             },
         };
         let _ = sender.send(reply);
@@ -300,154 +299,45 @@ sources:    {}",
     }
 }
 
-/// A name for `source` in `raw/`: its file name, made unique unless the same
-/// content is already there. Returns `None` when an identical copy exists.
-fn raw_destination(
-    raw_dir: &Path,
-    source: &Path,
-    bytes: &[u8],
-) -> Result<Option<PathBuf>, ToolError> {
-    let name = source.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
-        ToolError::invalid_argument(
-            format!("{} has no usable file name", source.display()),
-            "rename the file to a UTF-8 name",
-        )
-    })?;
-    let name = name.trim_start_matches('.').replace(['\\', '%'], "_");
-    if name.is_empty() {
-        return Err(ToolError::invalid_argument(
-            format!("{} has no usable file name", source.display()),
-            "rename the file",
-        ));
-    }
-    let (stem, extension) = match name.rsplit_once('.') {
-        Some((stem, ext)) if !stem.is_empty() => (stem.to_string(), format!(".{ext}")),
-        _ => (name.clone(), String::new()),
-    };
-    for n in 1..10_000 {
-        let candidate = if n == 1 {
-            raw_dir.join(&name)
-        } else {
-            raw_dir.join(format!("{stem}-{n}{extension}"))
-        };
-        match std::fs::read(&candidate) {
-            Ok(existing) if existing == bytes => return Ok(None),
-            Ok(_) => continue,
-            Err(_) => return Ok(Some(candidate)),
-        }
-    }
-    Err(ToolError::invalid_argument(
-        format!("too many files named like {name}"),
-        "rename the file",
-    ))
-}
-
+/// The reply to an ingest: what was added, already there, skipped, and problems.
 fn ingest(
     store: &Arc<Store>,
     workspace: &str,
     files: &[String],
     progress: &dyn Fn(u64, u64, &str),
 ) -> Result<ControlReply, ToolError> {
-    store.require_workspace(workspace)?;
-    let raw_dir = store.workspace_dir(workspace).join("raw");
-    let state = store.state(workspace);
-    let run_id = format!("ingest-{}", uuid::Uuid::new_v4().simple());
-    let _lock = crate::commit::lock_workspace(store, &state, workspace, &run_id)?;
-    let total = files.len() as u64;
-    let mut added = Vec::new();
-    let mut skipped = Vec::new();
-    for (i, file) in files.iter().enumerate() {
-        let source = Path::new(file);
-        let bytes = std::fs::read(source).map_err(|e| {
-            ToolError::new(
-                ErrorCode::NotFound,
-                format!("cannot read {file}: {e}"),
-                "check the path and permissions",
-            )
-        })?;
-        match raw_destination(&raw_dir, source, &bytes)? {
-            None => skipped.push(file.clone()),
-            Some(destination) => {
-                let temp = raw_dir.join(format!(".ingest-{}", uuid::Uuid::new_v4().simple()));
-                std::fs::write(&temp, &bytes)
-                    .and_then(|()| std::fs::File::open(&temp)?.sync_all())
-                    .and_then(|()| std::fs::rename(&temp, &destination))
-                    .map_err(|e| {
-                        let _ = std::fs::remove_file(&temp);
-                        ToolError::internal("copying into raw/", e)
-                    })?;
-                added.push(destination);
-            }
-        }
-        progress(i as u64 + 1, total, file);
-    }
-    let relative: Vec<String> = added
-        .iter()
-        .filter_map(|p| p.strip_prefix(store.workspace_dir(workspace)).ok())
-        .map(|p| p.display().to_string())
-        .collect();
-    if !relative.is_empty() {
-        commit_paths(
-            store,
-            workspace,
-            &relative,
-            &format!("alexandria: ingest {} source(s)", relative.len()),
-        )
-        .map_err(|e| ToolError::internal("committing ingested sources", e))?;
-    }
-    let connection = store.pool.get()?;
-    let mut problems = Vec::new();
-    {
-        let _index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
-        for (path, absolute) in relative.iter().zip(&added) {
-            let record = index::index_file(&connection, workspace, path, absolute)?;
-            if record.kind == "pdf" && record.pages.unwrap_or(0) == 0 {
-                problems.push(format!("{path}: no readable pages"));
-            }
-        }
-    }
-    for path in &relative {
-        store.changed(workspace, path);
-    }
+    let report = crate::commit::ingest::ingest(store, workspace, files, progress)?;
     let mut text = format!(
-        "ingested {} file(s) into {workspace}/raw ({} already present)",
-        relative.len(),
-        skipped.len()
+        "ingested {} file(s) into {workspace}/raw ({} already present",
+        report.added.len(),
+        report.unchanged.len()
     );
-    for path in &relative {
+    if !report.skipped.is_empty() {
+        text.push_str(&format!(", {} skipped", report.skipped.len()));
+    }
+    text.push(')');
+    for path in &report.added {
         text.push_str(&format!("\n  + {path}"));
     }
-    for problem in &problems {
+    for (path, why) in &report.skipped {
+        text.push_str(&format!("\n  - {path} (skipped: {why})"));
+    }
+    for problem in &report.problems {
         text.push_str(&format!("\n  ! {problem}"));
     }
+    let skipped: Vec<_> = report
+        .skipped
+        .iter()
+        .map(|(path, why)| json!({"path": path, "reason": why}))
+        .collect();
     Ok(done(
         text,
-        json!({"workspace": workspace, "added": relative, "unchanged": skipped, "problems": problems}),
+        json!({
+            "workspace": workspace,
+            "added": report.added,
+            "unchanged": report.unchanged,
+            "skipped": skipped,
+            "problems": report.problems,
+        }),
     ))
-}
-
-/// Commit `paths` (workspace-relative) on top of HEAD.
-fn commit_paths(
-    store: &Store,
-    workspace: &str,
-    paths: &[String],
-    message: &str,
-) -> Result<(), git2::Error> {
-    let root = store.workspace_dir(workspace);
-    let state = store.state(workspace);
-    state.with_repo(&root, |repo| {
-        let changes: Vec<crate::workspace::git::Change<'_>> = paths
-            .iter()
-            .map(|path| crate::workspace::git::Change {
-                path,
-                present: true,
-            })
-            .collect();
-        let author = git2::Signature::now("alexandria", "alexandria@localhost")?;
-        crate::workspace::git::commit_changes(repo, &root, &changes, message, &author)
-    })?;
-    for path in paths {
-        state.index_pending(path);
-    }
-    Ok(())
 }

@@ -229,7 +229,8 @@ impl Store {
                 ErrorCode::WorkspaceNotFound,
                 e.message,
                 "call guide() to list the workspaces",
-            ));
+            )
+            .with_person_hint("`alexandria workspace list` shows the workspaces"));
         }
         if !self.workspace_exists(slug) {
             return Err(ToolError::new(
@@ -237,6 +238,9 @@ impl Store {
                 format!("there is no workspace '{slug}'"),
                 "call guide() to list the workspaces; the user creates new ones with `alexandria workspace create <slug>`",
             )
+            .with_person_hint(format!(
+                "`alexandria workspace list` shows the workspaces; `alexandria workspace create {slug}` makes this one"
+            ))
             .with_detail("workspace", slug));
         }
         Ok(())
