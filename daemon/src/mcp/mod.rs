@@ -116,7 +116,7 @@ pub fn tool_definitions() -> Vec<Tool> {
         .with_annotations(read_only("alexandria: read wiki pages and sources")),
         Tool::new(
             "write",
-            "Write a page of the user's alexandria wiki (under wiki/ only; raw/ sources are read-only). command=create (new page from content; never overwrites), str_replace (replace old_str, which must occur exactly once, with new_str), append (add content at the end). Cite sources as footnotes `[^1]: raw/paper.pdf, p.3` or links `[text](raw/notes.md)`: a missing file or PDF page is refused with citation_invalid. Pass base_rev (the rev from read) to be refused with stale_plan if the page changed since. Each write is one git commit; returns the new rev.",
+            "Write a page of the user's alexandria wiki (under wiki/ only; raw/ sources are read-only). command=create (new page from content; never overwrites), str_replace (replace old_str, which must occur exactly once, with new_str), append (add content at the end). Cite sources as footnotes `[^1]: raw/paper.pdf, p.3` or links `[text](raw/notes.md)` (`[text](<raw/my notes.md>)` for a name with spaces): a missing file or PDF page is refused with citation_invalid. Page text may not hold control characters other than tab and line breaks, and a new page may not differ from an existing one only in letter case or Unicode normalization (Topic.md vs topic.md). Pass base_rev (the rev from read) to be refused with stale_plan if the page changed since. Each write is one git commit; returns the new rev.",
             schema_of::<WriteParams>(),
         )
         .with_title("alexandria: write a wiki page")
