@@ -1,14 +1,15 @@
 //! `DaemonContext`: the state every connection shares (store, sessions, auth, the HTTP
-//! address, the shutdown signal). It lives here, below the transports, so that the
+//! address, the shutdown signal, the requests in flight). It lives here, below the transports, so that the
 //! socket, HTTP and control code depend on it and not on the life cycle that builds it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use alexandria_proto::{BUILD, PROTOCOL_VERSION};
 use serde_json::{Value, json};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::auth::Auth;
 use crate::mcp::sessions::Sessions;
@@ -34,6 +35,8 @@ pub struct DaemonContext {
     pub auth: Arc<Auth>,
     /// `None` when HTTP could not be bound (the reason is in the daemon log).
     pub http: Option<HttpInfo>,
+    /// Socket requests being worked on, so that shutdown lets them finish.
+    pub inflight: Arc<Inflight>,
     pub(crate) shutdown: watch::Sender<bool>,
 }
 
@@ -46,6 +49,10 @@ impl DaemonContext {
         self.shutdown.subscribe()
     }
 
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
     pub fn status(&self) -> Value {
         json!({
             "running": true,
@@ -55,10 +62,85 @@ impl DaemonContext {
             "uptime_secs": self.started.elapsed().as_secs(),
             "home": self.store.home.root().display().to_string(),
             "socket": self.store.home.socket().display().to_string(),
+            "socket_note": self.store.home.socket_place().reason(),
             "http": self.http.as_ref().map(HttpInfo::url),
             "http_tokens": self.auth.tokens_enabled(),
             "sessions": self.sessions.snapshot(),
             "workspaces": self.store.list_workspaces(),
         })
+    }
+}
+
+/// Requests in flight on the Unix socket (MCP calls and control requests): counted from
+/// the moment a request is read until its answer is written. Shutdown waits for the
+/// count to reach zero before it closes connections, so a call that was accepted is
+/// answered, not cut off.
+#[derive(Debug, Default)]
+pub struct Inflight {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl Inflight {
+    /// One request more until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> InflightGuard {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        InflightGuard(Arc::clone(self))
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Returns once no request is in flight.
+    pub async fn drained(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            // Register before checking, so a drop in between is not missed.
+            idle.as_mut().enable();
+            if self.count() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// Ends one request of an `Inflight` count when dropped.
+#[derive(Debug)]
+pub struct InflightGuard(Arc<Inflight>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn drained_waits_for_the_last_guard() {
+        let inflight = Arc::new(Inflight::default());
+        inflight.drained().await;
+        let first = inflight.begin();
+        let second = inflight.begin();
+        let waiter = tokio::spawn({
+            let inflight = Arc::clone(&inflight);
+            async move { inflight.drained().await }
+        });
+        drop(first);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(second);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("drained after the last guard")
+            .expect("join");
+        assert_eq!(inflight.count(), 0);
     }
 }

@@ -1,7 +1,8 @@
 //! Test-only fault injection, enabled by the `ALEXANDRIA_FAULTS` environment variable
 //! (never set it in production). A comma-separated list of:
 //! - `delay:<tool>:<ms>`: sleep before running `<tool>`, so a test can act while a call
-//!   is in flight (for example kill the daemon).
+//!   is in flight (for example kill the daemon). `delay:shutdown:<ms>` makes the last
+//!   step of a shutdown slow (the pidfile is still locked), for the stop/start tests.
 //! - `crash:<point>`: kill the process when execution reaches `<point>` (used by the
 //!   write path's crash-safety tests).
 //! - `panic:<tool>`: panic inside `<tool>` (the daemon must survive it).

@@ -1,19 +1,28 @@
 //! The daemon's life: take the pidfile lock, open the store, bind the socket, report
-//! ready, keep the index current, serve until stopped, clean up.
+//! ready, keep the index current, serve until stopped, then stop in an order that lets
+//! clients tell "stopping" from "gone" (ARCHITECTURE.md, "Stopping"):
+//!
+//! 1. close the socket and remove its file: new clients see no daemon, find the
+//!    pidfile locked, and wait for this process to exit;
+//! 2. let the requests in flight finish and be answered (≤ `DRAIN_GRACE`);
+//! 3. finish HTTP (≤ `HTTP_SHUTDOWN_GRACE`) and git's index;
+//! 4. stop the runtime, which waits for blocking work still running;
+//! 5. remove the pidfile and exit: the kernel releases the lock with the process, so
+//!    "the pidfile lock is free" means "the old daemon has exited".
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::sync::Arc;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use alexandria_proto::{BUILD, Home, PROTOCOL_VERSION, StartupNotice};
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::auth::Auth;
-use crate::context::{DaemonContext, HttpInfo};
+use crate::context::{DaemonContext, HttpInfo, Inflight};
 use crate::mcp::calllog;
 use crate::mcp::sessions::Sessions;
 use crate::transport::http::{self, HttpOverrides};
@@ -22,6 +31,19 @@ use crate::workspace::Store;
 
 /// How long shutdown waits for HTTP connections to finish.
 const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// How long shutdown waits for socket requests in flight (tool calls, an ingest).
+const DRAIN_GRACE: Duration = Duration::from_secs(20);
+/// How long the runtime's shutdown waits for blocking work that outlived the drain;
+/// work cut off after that is recovered at the next start, as after a crash.
+const BLOCKING_GRACE: Duration = Duration::from_secs(5);
+/// How long a starting daemon waits for a stopping one to exit. A spawned daemon's
+/// shim has waited already (and waits for the ready notice for 5 s); a service
+/// manager's daemon may be started right after a `daemon stop`.
+const SPAWNED_LOCK_WAIT: Duration = Duration::from_secs(3);
+const FOREGROUND_LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// The locked pidfile. Never dropped: only the process's exit releases the lock.
+static PID_LOCK: OnceLock<File> = OnceLock::new();
 
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
@@ -34,13 +56,57 @@ pub struct DaemonOptions {
 
 /// Run the daemon until it is stopped. Blocks.
 pub fn run(options: DaemonOptions) -> Result<()> {
+    let home = options.home.clone();
+    if let Err(error) = take_pidfile(&options) {
+        notify(&StartupNotice::Failed {
+            message: format!("{error:#}"),
+        });
+        return Err(error);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(32)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(run_async(options))
+    let result = runtime.block_on(run_async(options));
+    // Blocking work still running (a tool call or ingest past the drain) ends here.
+    runtime.shutdown_timeout(BLOCKING_GRACE);
+    if let Some(delay) = crate::faults::delay_for("shutdown") {
+        std::thread::sleep(delay);
+    }
+    // Removed while still locked; a daemon waiting on the old file sees it is gone
+    // (`lock_pidfile` checks that the file it locked is still the pidfile).
+    let _ = std::fs::remove_file(home.pid_file());
+    if result.is_ok() {
+        tracing::info!("alexandriad stopped");
+    }
+    result
+}
+
+/// Create the home and take its pidfile lock. Run in the foreground (by a service
+/// manager or by hand) while a daemon that a shim started is running, ask that one to
+/// step down, so the managed daemon is the one that serves (shims reconnect to it).
+fn take_pidfile(options: &DaemonOptions) -> Result<()> {
+    let home = &options.home;
+    crate::workspace::ensure_layout(home)
+        .with_context(|| format!("cannot create the home {}", home.root().display()))?;
+    let wait = if options.spawned {
+        SPAWNED_LOCK_WAIT
+    } else {
+        FOREGROUND_LOCK_WAIT
+    };
+    let file = match lock_pidfile(home, wait) {
+        Ok(file) => file,
+        Err(PidfileError::Running { holder, .. }) if !options.spawned => {
+            tracing::info!(%holder, "another daemon runs: asking it to step down");
+            ask_running_daemon_to_stop(home);
+            lock_pidfile(home, wait)?
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let _ = PID_LOCK.set(file);
+    Ok(())
 }
 
 async fn run_async(options: DaemonOptions) -> Result<()> {
@@ -57,11 +123,11 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
         listener,
         http_listener,
         context,
-        pid_lock,
     } = started;
+    let home = context.store.home.clone();
     notify(&StartupNotice::Ready {
         pid: std::process::id(),
-        socket: context.store.home.socket().display().to_string(),
+        socket: home.socket().display().to_string(),
     });
     if options.spawned {
         silence_stdout();
@@ -83,21 +149,37 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
         })
     });
     socket::serve(listener, Arc::clone(&context)).await;
+    // 1. The listener is closed; its file goes too. We still hold the pidfile lock,
+    //    so the path is ours to remove and nobody can bind a new one yet.
+    let _ = std::fs::remove_file(home.socket());
     signals.abort();
+    let stopping = Instant::now();
+    tracing::info!(
+        inflight = context.inflight.count(),
+        "stopping: answering the requests in flight"
+    );
+    // 2. Requests in flight finish and are answered; sessions then close when the
+    //    runtime stops, and their shims reconnect to the next daemon.
+    if tokio::time::timeout(DRAIN_GRACE, context.inflight.drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            inflight = context.inflight.count(),
+            "requests still running after {}s; stopping anyway",
+            DRAIN_GRACE.as_secs()
+        );
+    }
+    // 3. HTTP (its graceful shutdown ran meanwhile) and git's index.
+    if let Some(mut server) = http_server {
+        let left = HTTP_SHUTDOWN_GRACE.saturating_sub(stopping.elapsed());
+        if tokio::time::timeout(left, &mut server).await.is_err() {
+            tracing::warn!("HTTP connections still open at shutdown; closing them");
+            server.abort();
+        }
+    }
     let store = Arc::clone(&context.store);
     let _ = tokio::task::spawn_blocking(move || store.sync_git_indexes()).await;
-    if let Some(mut server) = http_server
-        && tokio::time::timeout(HTTP_SHUTDOWN_GRACE, &mut server)
-            .await
-            .is_err()
-    {
-        tracing::warn!("HTTP connections still open at shutdown; closing them");
-        server.abort();
-    }
-    let _ = std::fs::remove_file(context.store.home.socket());
-    let _ = std::fs::remove_file(context.store.home.pid_file());
-    drop(pid_lock);
-    tracing::info!("alexandriad stopped");
     Ok(())
 }
 
@@ -105,25 +187,10 @@ struct Started {
     listener: UnixListener,
     http_listener: Option<TcpListener>,
     context: Arc<DaemonContext>,
-    pid_lock: File,
 }
 
 async fn start(options: &DaemonOptions) -> Result<Started> {
     let home = options.home.clone();
-    crate::workspace::ensure_layout(&home)
-        .with_context(|| format!("cannot create the home {}", home.root().display()))?;
-    let pid_lock = match lock_pidfile(&home) {
-        Ok(lock) => lock,
-        // Run in the foreground (by a service manager or by hand) while a daemon that a
-        // shim started is running: take over, so the managed daemon is the one that
-        // serves. Shims reconnect to it by themselves.
-        Err(error) if !options.spawned => {
-            tracing::info!("another daemon runs: asking it to step down ({error:#})");
-            ask_running_daemon_to_stop(&home);
-            lock_pidfile(&home)?
-        }
-        Err(error) => return Err(error),
-    };
     let store = tokio::task::spawn_blocking({
         let home = home.clone();
         move || Store::open(home)
@@ -141,14 +208,7 @@ async fn start(options: &DaemonOptions) -> Result<Started> {
     for line in recovered {
         tracing::warn!("recovery: {line}");
     }
-    // We hold the pidfile lock, so no other daemon owns this socket: a leftover file
-    // is stale.
-    let socket = home.socket();
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket)
-        .with_context(|| format!("cannot listen on {}", socket.display()))?;
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("cannot restrict {}", socket.display()))?;
+    let listener = bind_socket(&home)?;
     let http_config = &store.config.http;
     let auth = Auth::load(
         &home,
@@ -177,50 +237,116 @@ async fn start(options: &DaemonOptions) -> Result<Started> {
         started: Instant::now(),
         auth: Arc::new(auth),
         http,
+        inflight: Arc::new(Inflight::default()),
         shutdown,
     });
     Ok(Started {
         listener,
         http_listener,
         context,
-        pid_lock,
     })
 }
 
-/// Lock `run/daemon.pid` for the daemon's lifetime and write "pid version" into it.
-fn lock_pidfile(home: &Home) -> Result<File> {
-    let path = home.pid_file();
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            return Err(anyhow!(
-                "another alexandriad is already running (pidfile {}: {})",
-                path.display(),
-                holder.trim()
-            ));
-        }
-        Err(std::fs::TryLockError::Error(e)) => {
-            return Err(e).with_context(|| format!("cannot lock {}", path.display()));
-        }
-    }
-    file.set_len(0)?;
-    writeln!(file, "{} {}", std::process::id(), BUILD)?;
-    file.sync_all()?;
-    Ok(file)
+/// Bind the socket where `Home::socket_place` says (in the home, or a short per-user
+/// path when the home's path is too long), 0600 in a 0700 directory.
+fn bind_socket(home: &Home) -> Result<UnixListener> {
+    let socket = home.socket();
+    home.prepare_socket_dir().with_context(|| {
+        format!(
+            "cannot prepare the socket directory for {}",
+            socket.display()
+        )
+    })?;
+    // We hold the pidfile lock, so no other daemon owns this socket: a leftover file
+    // is stale.
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket)
+        .with_context(|| format!("cannot listen on {}", socket.display()))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", socket.display()))?;
+    Ok(listener)
 }
 
-/// Send `Stop` to the daemon on our socket and wait (≤ 10 s) until its pidfile lock
-/// is free.
+#[derive(Debug, thiserror::Error)]
+enum PidfileError {
+    /// The holder answers on the socket: a daemon is running.
+    #[error("another alexandriad is already running (pidfile {path}: {holder})")]
+    Running { path: String, holder: String },
+    /// The holder does not answer and kept the lock for the whole wait.
+    #[error(
+        "another alexandriad (pidfile {path}: {holder}) is still stopping after {secs}s; wait for it to exit, or end it with `kill <pid>`"
+    )]
+    Stopping {
+        path: String,
+        holder: String,
+        secs: u64,
+    },
+    #[error("cannot lock {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Lock `run/daemon.pid` for the daemon's lifetime and write "pid version" into it.
+/// While another process holds it and does not answer on the socket (it is stopping),
+/// wait up to `wait` for it to exit.
+fn lock_pidfile(home: &Home, wait: Duration) -> Result<File, PidfileError> {
+    let path = home.pid_file();
+    let io = |source| PidfileError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let deadline = Instant::now() + wait;
+    loop {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {
+                // The daemon that held it removes the file as it exits: if that
+                // happened after we opened it, we locked a file nobody else sees.
+                let ours = file.metadata().map_err(io)?;
+                match std::fs::metadata(&path) {
+                    Ok(now) if now.ino() == ours.ino() && now.dev() == ours.dev() => {}
+                    _ => continue,
+                }
+                file.set_len(0).map_err(io)?;
+                writeln!(file, "{} {}", std::process::id(), BUILD).map_err(io)?;
+                file.sync_all().map_err(io)?;
+                return Ok(file);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim().to_string();
+                if home.connect_socket().is_ok() {
+                    return Err(PidfileError::Running {
+                        path: path.display().to_string(),
+                        holder,
+                    });
+                }
+                if Instant::now() >= deadline {
+                    return Err(PidfileError::Stopping {
+                        path: path.display().to_string(),
+                        holder,
+                        secs: wait.as_secs(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+    }
+}
+
+/// Send `Stop` to the daemon on our socket and read its answer; `lock_pidfile` then
+/// waits for it to exit.
 fn ask_running_daemon_to_stop(home: &Home) {
     use std::io::BufRead;
     let hello = alexandria_proto::Hello {
@@ -228,7 +354,7 @@ fn ask_running_daemon_to_stop(home: &Home) {
         build: BUILD.into(),
         kind: alexandria_proto::ConnectionKind::Control,
     };
-    if let Ok(mut stream) = std::os::unix::net::UnixStream::connect(home.socket()) {
+    if let Ok(mut stream) = home.connect_socket() {
         let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
         let _ = stream.write_all(&alexandria_proto::to_line(&hello));
         let _ = stream.write_all(&alexandria_proto::to_line(
@@ -239,18 +365,6 @@ fn ask_running_daemon_to_stop(home: &Home) {
         while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
             line.clear();
         }
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let free = File::options()
-            .read(true)
-            .open(home.pid_file())
-            .map(|file| file.try_lock().is_ok())
-            .unwrap_or(true);
-        if free {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -4,6 +4,7 @@
 //! `mcp serve`, whose stdout is the MCP channel.)
 #![allow(clippy::print_stdout)]
 
+use std::fs::File;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use alexandria_proto::{ConnectionKind, ControlReply, ControlRequest};
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::connect::{Connection, Connector, daemon_binary};
+use crate::connect::{Connection, Connector, daemon_binary, lock_released, pidfile_holder};
 
 /// Send `request` (starting the daemon if needed) and return the final reply's text
 /// and data. Progress lines are shown on stderr when it is a terminal.
@@ -254,29 +255,69 @@ pub fn daemon_start(connector: &Connector, args: &DaemonArgs) -> Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn daemon_stop(connector: &Connector) -> Result<ExitCode> {
-    let Some(connection) = connector.connect_existing(ConnectionKind::Control)? else {
-        println!("alexandriad is not running");
-        return Ok(ExitCode::SUCCESS);
+/// `daemon stop`: ask the daemon to stop, then wait until its process has exited, which
+/// is when the kernel frees its pidfile lock (it holds the lock to its last instant).
+pub fn daemon_stop(connector: &Connector, timeout: Duration) -> Result<ExitCode> {
+    let home = &connector.home;
+    let (pid, pidfile) = match connector.connect_existing(ConnectionKind::Control)? {
+        Some(connection) => {
+            // Opened while the daemon answers, so this is its pidfile (a daemon removes
+            // it only as it exits); watched through this handle even once removed.
+            let pidfile = File::open(home.pid_file()).ok();
+            let pid = connection.daemon_pid;
+            exchange(connection, &ControlRequest::Stop)?;
+            (pid, pidfile)
+        }
+        None => match pidfile_holder(home)? {
+            // Not answering but holding the pidfile: already stopping.
+            Some(holder) => {
+                eprintln!(
+                    "{} is already stopping; waiting for it to exit",
+                    holder.describe()
+                );
+                (holder.pid.unwrap_or(0), File::open(home.pid_file()).ok())
+            }
+            None => {
+                println!("alexandriad is not running");
+                return Ok(ExitCode::SUCCESS);
+            }
+        },
     };
-    let pid = connection.daemon_pid;
-    let (text, _) = exchange(connection, &ControlRequest::Stop)?;
-    // Wait until the socket no longer answers, so a following start is clean.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if std::os::unix::net::UnixStream::connect(connector.home.socket()).is_err() {
-            println!("{text}");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let released = match &pidfile {
+            Some(file) => lock_released(file)?,
+            None => pidfile_holder(home)?.is_none(),
+        };
+        if released {
+            println!("alexandriad (pid {pid}) stopped");
             return Ok(ExitCode::SUCCESS);
         }
-        std::thread::sleep(Duration::from_millis(20));
+        if Instant::now() >= deadline {
+            bail!(
+                "alexandriad (pid {pid}) is still stopping after {}s (it finishes the writes in progress first); check with `alexandria daemon status`, or end it with `kill {pid}`",
+                timeout.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
-    Err(anyhow!("alexandriad (pid {pid}) did not stop within 10s"))
 }
 
 pub fn daemon_status(connector: &Connector, json: bool) -> Result<ExitCode> {
     let Some(connection) = connector.connect_existing(ConnectionKind::Control)? else {
+        let holder = pidfile_holder(&connector.home)?;
         if json {
-            println!("{}", serde_json::json!({"running": false}));
+            let mut data = serde_json::json!({"running": false});
+            if let Some(holder) = holder {
+                data["stopping"] = serde_json::json!(true);
+                data["pid"] = serde_json::json!(holder.pid);
+            }
+            println!("{data}");
+        } else if let Some(holder) = holder {
+            println!(
+                "{} holds the home but does not answer: it is stopping (or starting)",
+                holder.describe()
+            );
         } else {
             println!("alexandriad is not running");
         }

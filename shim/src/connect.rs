@@ -1,10 +1,16 @@
 //! Connect to the daemon's socket, starting `alexandriad` when none is running.
 //!
 //! The rules (after atuin and sccache): one start lock so that parallel shims start
-//! exactly one daemon; a socket file is removed only when connecting to it is refused
-//! while we hold the start lock; the spawner waits for the daemon's explicit
-//! `StartupNotice` on its stdout, for a few seconds at most; a daemon speaking an
-//! older protocol is asked to step down and is replaced.
+//! exactly one daemon; the spawner waits for the daemon's explicit `StartupNotice` on
+//! its stdout, for a few seconds at most; a daemon speaking an older protocol is asked
+//! to step down and is replaced.
+//!
+//! A daemon holds its pidfile lock until its process exits, and closes its socket as
+//! soon as it begins to stop. So "the socket does not answer but the pidfile is locked"
+//! means a daemon is stopping (or starting): whoever needs a daemon waits for it,
+//! within `SETTLE_TIMEOUT`, instead of starting one that would be refused. A stale
+//! socket file is left for the next daemon to replace (it does so once it holds the
+//! pidfile lock, so it never removes a live daemon's socket).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, ErrorKind, Write};
@@ -28,6 +34,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(5);
 const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for the daemon's answer to `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client waits for a daemon that is stopping (it finishes the writes in
+/// progress first) or starting, before it gives up.
+pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An established, greeted connection.
 pub struct Connection {
@@ -74,7 +83,7 @@ impl Connector {
         };
         let mut last_error = None;
         for _attempt in 0..5 {
-            let stream = match UnixStream::connect(self.home.socket()) {
+            let stream = match self.home.connect_socket() {
                 Ok(stream) => stream,
                 Err(e) if is_absent(&e) => {
                     self.start_daemon()?;
@@ -88,8 +97,10 @@ impl Connector {
             };
             match greet(stream, &hello) {
                 Ok(Greeting::Ready(connection)) => return Ok(connection),
+                // The next round finds no socket and waits for this daemon's exit
+                // before it starts ours.
                 Ok(Greeting::Replaced { pid }) => {
-                    wait_until_gone(&self.home.socket(), pid);
+                    wait_until_gone(&self.home);
                     last_error = Some(anyhow!("daemon {pid} was stepping down"));
                 }
                 // The daemon died while we greeted it (killed, crashed, stopping):
@@ -106,25 +117,37 @@ impl Connector {
 
     /// Connect only if a daemon is already running; `None` when there is none.
     pub fn connect_existing(&self, kind: ConnectionKind) -> Result<Option<Connection>> {
-        match UnixStream::connect(self.home.socket()) {
-            Ok(stream) => {
-                let hello = Hello {
-                    protocol: PROTOCOL_VERSION,
-                    build: BUILD.to_string(),
-                    kind,
-                };
-                match greet(stream, &hello)? {
-                    Greeting::Ready(connection) => Ok(Some(connection)),
-                    Greeting::Replaced { pid } => {
-                        wait_until_gone(&self.home.socket(), pid);
-                        Ok(None)
-                    }
+        let hello = Hello {
+            protocol: PROTOCOL_VERSION,
+            build: BUILD.to_string(),
+            kind,
+        };
+        let mut last_error = None;
+        for _attempt in 0..5 {
+            let stream = match self.home.connect_socket() {
+                Ok(stream) => stream,
+                Err(e) if is_absent(&e) => return Ok(None),
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot connect to {}", self.home.socket().display())
+                    });
                 }
+            };
+            match greet(stream, &hello) {
+                Ok(Greeting::Ready(connection)) => return Ok(Some(connection)),
+                Ok(Greeting::Replaced { .. }) => {
+                    wait_until_gone(&self.home);
+                    return Ok(None);
+                }
+                // It began to stop (or died) as we greeted it: look again.
+                Err(e) if is_connection_loss(&e) => {
+                    thread::sleep(Duration::from_millis(20));
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) if is_absent(&e) => Ok(None),
-            Err(e) => Err(e)
-                .with_context(|| format!("cannot connect to {}", self.home.socket().display())),
         }
+        Err(last_error.unwrap_or_else(|| anyhow!("could not reach the daemon")))
     }
 
     /// Start a daemon unless another process already did. Returns once a daemon
@@ -155,17 +178,10 @@ impl Connector {
     }
 
     fn start_locked(&self, args: &[String]) -> Result<()> {
-        let socket = self.home.socket();
-        match UnixStream::connect(&socket) {
-            Ok(_) => return Ok(()), // someone else started it while we waited
-            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-                // Nobody listens: a stale socket left by a daemon that died.
-                let _ = fs::remove_file(&socket);
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(e).with_context(|| format!("cannot probe {}", socket.display()));
-            }
+        // Someone else may have started a daemon while we waited for the lock, or one
+        // may be stopping: wait until one answers or the pidfile lock is free.
+        if self.settle(SETTLE_TIMEOUT)? == Settled::Answering {
+            return Ok(());
         }
         let daemon = daemon_binary();
         let mut command = Command::new(&daemon);
@@ -212,6 +228,9 @@ impl Connector {
         };
         match serde_json::from_str::<StartupNotice>(line.trim()) {
             Ok(StartupNotice::Ready { .. }) => Ok(()),
+            // Lost a race with a daemon started without the start lock (by a service
+            // manager): it is the one to use.
+            Ok(StartupNotice::Failed { .. }) if self.home.connect_socket().is_ok() => Ok(()),
             Ok(StartupNotice::Failed { message }) => {
                 bail!("the daemon failed to start: {message}; {debug_hint}")
             }
@@ -221,6 +240,105 @@ impl Connector {
             }
         }
     }
+}
+
+impl Connector {
+    /// Wait (at most `timeout`) until a daemon answers on the socket or no process
+    /// holds the pidfile lock. Fails, naming the pid, when a daemon holds the lock but
+    /// does not answer for that long.
+    pub fn settle(&self, timeout: Duration) -> Result<Settled> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.home.connect_socket() {
+                Ok(_) => return Ok(Settled::Answering),
+                Err(e) if is_absent(&e) => {}
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot connect to {}", self.home.socket().display())
+                    });
+                }
+            }
+            let Some(holder) = pidfile_holder(&self.home)? else {
+                return Ok(Settled::Free);
+            };
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} holds {} but has not answered on {} for {}s: it is still stopping (or starting); wait and retry, or end it with `kill {}`",
+                    holder.describe(),
+                    self.home.pid_file().display(),
+                    self.home.socket().display(),
+                    timeout.as_secs(),
+                    holder
+                        .pid
+                        .map_or("<pid>".to_string(), |pid| pid.to_string()),
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// What `Connector::settle` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// A daemon accepts connections.
+    Answering,
+    /// No daemon: nobody holds the pidfile lock.
+    Free,
+}
+
+/// The process holding a home's pidfile lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    /// As written in the pidfile (`None` while it is being written).
+    pub pid: Option<u32>,
+}
+
+impl Holder {
+    pub fn describe(&self) -> String {
+        match self.pid {
+            Some(pid) => format!("alexandriad (pid {pid})"),
+            None => "an alexandriad".to_string(),
+        }
+    }
+}
+
+/// Who holds the pidfile lock now; `None` when nobody does (or there is no pidfile).
+pub fn pidfile_holder(home: &Home) -> Result<Option<Holder>> {
+    let path = home.pid_file();
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
+    };
+    if lock_released(&file)? {
+        return Ok(None);
+    }
+    Ok(Some(Holder {
+        pid: read_pid(&file),
+    }))
+}
+
+/// Whether nobody holds `file`'s lock any more. The probe takes a shared lock for an
+/// instant; a daemon that starts at that very instant retries.
+pub fn lock_released(file: &File) -> Result<bool> {
+    match file.try_lock_shared() {
+        Ok(()) => {
+            let _ = file.unlock();
+            Ok(true)
+        }
+        Err(fs::TryLockError::WouldBlock) => Ok(false),
+        Err(fs::TryLockError::Error(e)) => Err(e).context("cannot probe the pidfile lock"),
+    }
+}
+
+/// The pid at the start of a pidfile (`"<pid> <build>"`).
+pub fn read_pid(mut file: &File) -> Option<u32> {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    file.seek(io::SeekFrom::Start(0)).ok()?;
+    file.read_to_string(&mut text).ok()?;
+    text.split_whitespace().next()?.parse().ok()
 }
 
 enum Greeting {
@@ -313,11 +431,12 @@ fn lock_with_timeout(file: &File, timeout: Duration) -> Result<()> {
     }
 }
 
-/// Wait (briefly) until a stepping-down daemon no longer accepts connections.
-fn wait_until_gone(socket: &Path, _pid: u32) {
+/// Wait (briefly) until a stepping-down daemon no longer accepts connections; starting
+/// the next one then waits for its exit (`settle`).
+fn wait_until_gone(home: &Home) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        match UnixStream::connect(socket) {
+        match home.connect_socket() {
             Ok(_) => thread::sleep(Duration::from_millis(10)),
             Err(_) => return,
         }

@@ -131,8 +131,12 @@ enum McpCommand {
 enum DaemonCommand {
     /// Start the daemon in the background if it is not running
     Start(cli::DaemonArgs),
-    /// Stop the running daemon
-    Stop,
+    /// Stop the running daemon and wait until its process has exited
+    Stop {
+        /// Seconds to wait for the daemon to exit (it finishes the writes in progress)
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        timeout: u64,
+    },
     /// Show whether the daemon runs, its pid, version and socket
     Status {
         #[arg(long)]
@@ -210,7 +214,9 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Command::Ingest { workspace, files } => cli::ingest(&connector, &workspace, &files),
         Command::Daemon(DaemonCommand::Start(daemon)) => cli::daemon_start(&connector, &daemon),
-        Command::Daemon(DaemonCommand::Stop) => cli::daemon_stop(&connector),
+        Command::Daemon(DaemonCommand::Stop { timeout }) => {
+            cli::daemon_stop(&connector, std::time::Duration::from_secs(timeout))
+        }
         Command::Daemon(DaemonCommand::Status { json }) => cli::daemon_status(&connector, json),
         Command::Daemon(DaemonCommand::Run(daemon)) => cli::daemon_run(&connector, &daemon),
         Command::Daemon(DaemonCommand::Auth(auth)) => cli::auth(&connector, auth),

@@ -68,6 +68,8 @@ pub struct Env {
     pub home: PathBuf,
     /// `ALEXANDRIA_FAULTS` given to every process this env starts.
     pub faults: Option<String>,
+    /// More environment for every process this env starts (`None` removes the variable).
+    pub vars: Vec<(String, Option<String>)>,
 }
 
 impl Default for Env {
@@ -80,10 +82,16 @@ impl Env {
     pub fn new() -> Env {
         let dir = short_tempdir();
         let home = dir.path().join("h");
+        Env::at(dir, home)
+    }
+
+    /// An env whose home is `home` (somewhere under `dir`, which is removed on drop).
+    pub fn at(dir: tempfile::TempDir, home: PathBuf) -> Env {
         Env {
             dir,
             home,
             faults: None,
+            vars: Vec::new(),
         }
     }
 
@@ -98,6 +106,12 @@ impl Env {
         let mut command = alexandria(&self.home);
         if let Some(faults) = &self.faults {
             command.env("ALEXANDRIA_FAULTS", faults);
+        }
+        for (name, value) in &self.vars {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
         }
         command
     }

@@ -476,6 +476,7 @@ async fn crash_at(point: &str) -> anyhow::Result<bool> {
         dir: alexandria_tests::short_tempdir(),
         home: env.home.clone(),
         faults: Some(format!("crash:{point}")),
+        vars: Vec::new(),
     };
     env.ok(&["daemon", "stop"]);
     let client = crashing.client(Some("lab")).await?;

@@ -41,6 +41,8 @@ pub async fn handle(
             return Ok(());
         }
     };
+    // Counted until the last reply is written: a stop waits for an ingest to finish.
+    let _inflight = context.inflight.begin();
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<ControlReply>();
     let stop = matches!(request, ControlRequest::Stop);
     let worker_context = Arc::clone(&context);
@@ -110,7 +112,10 @@ fn run(
                 status["pid"],
                 status["uptime_secs"],
                 status["home"].as_str().unwrap_or(""),
-                status["socket"].as_str().unwrap_or(""),
+                match status["socket_note"].as_str() {
+                    Some(note) => format!("{} ({note})", status["socket"].as_str().unwrap_or("")),
+                    None => status["socket"].as_str().unwrap_or("").to_string(),
+                },
                 status["http"].as_str().unwrap_or("off"),
                 status["sessions"].as_array().map_or(0, Vec::len),
             );

@@ -4,7 +4,8 @@
 //! Frames are read here, not by rmcp, so that a malformed or oversized frame gets a
 //! JSON-RPC error and the session goes on.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use alexandria_proto::{
@@ -17,7 +18,7 @@ use rmcp::{RoleServer, ServiceExt};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::context::DaemonContext;
+use crate::context::{DaemonContext, InflightGuard};
 use crate::mcp::AlexandriaServer;
 use crate::mcp::sessions::SessionInfo;
 use crate::transport::control;
@@ -177,6 +178,12 @@ pub fn frame_too_large(head: &[u8], tail: &[u8]) -> TxJsonRpcMessage<RoleServer>
     ))
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 async fn write_line<W: AsyncWrite + Unpin>(writer: &mut W, line: &[u8]) -> std::io::Result<()> {
     writer.write_all(line).await?;
     writer.flush().await
@@ -299,7 +306,11 @@ async fn serve_mcp(
         futures::channel::mpsc::channel::<RxJsonRpcMessage<RoleServer>>(64);
     let (to_client, mut outgoing) =
         futures::channel::mpsc::channel::<TxJsonRpcMessage<RoleServer>>(64);
+    // Requests read and not yet answered: each holds one count of `context.inflight`
+    // until its answer is written, so shutdown waits for it.
+    let pending: Arc<Mutex<HashMap<RequestId, InflightGuard>>> = Arc::default();
 
+    let answered = Arc::clone(&pending);
     let writer_task = tokio::spawn(async move {
         while let Some(message) = outgoing.next().await {
             let mut bytes = match serde_json::to_vec(&message) {
@@ -310,7 +321,16 @@ async fn serve_mcp(
                 }
             };
             bytes.push(b'\n');
-            if writer.write_all(&bytes).await.is_err() {
+            let written = writer.write_all(&bytes).await;
+            let id = match &message {
+                JsonRpcMessage::Response(response) => Some(&response.id),
+                JsonRpcMessage::Error(error) => error.id.as_ref(),
+                _ => None,
+            };
+            if let Some(id) = id {
+                lock(&answered).remove(id);
+            }
+            if written.is_err() {
                 break;
             }
         }
@@ -318,13 +338,22 @@ async fn serve_mcp(
     });
 
     let mut errors = to_client.clone();
+    let inflight = Arc::clone(&context.inflight);
+    let mut shutdown = context.shutdown_signal();
     let reader_task = tokio::spawn(async move {
         let mut buffer = Vec::with_capacity(4096);
         let mut tail = Vec::new();
         loop {
-            match read_frame_keeping_ends(&mut reader, &mut buffer, &mut tail, MAX_FRAME_BYTES)
-                .await
-            {
+            let frame = tokio::select! {
+                frame = read_frame_keeping_ends(&mut reader, &mut buffer, &mut tail, MAX_FRAME_BYTES) => frame,
+                // Stopping: read nothing more, but keep rmcp's input open (it quits
+                // when its input ends) so the calls in flight are still answered.
+                () = async { let _ = shutdown.wait_for(|stopping| *stopping).await; } => {
+                    std::future::pending::<()>().await;
+                    break;
+                }
+            };
+            match frame {
                 Ok(Frame::Eof) | Err(_) => break,
                 Ok(Frame::TooLarge) => {
                     let message = frame_too_large(&buffer, &tail);
@@ -338,6 +367,9 @@ async fn serve_mcp(
                     }
                     match serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(&buffer) {
                         Ok(message) => {
+                            if let JsonRpcMessage::Request(request) = &message {
+                                lock(&pending).insert(request.id.clone(), inflight.begin());
+                            }
                             if to_server.send(message).await.is_err() {
                                 break;
                             }
