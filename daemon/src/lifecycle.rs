@@ -12,6 +12,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -288,7 +289,8 @@ enum PidfileError {
     },
 }
 
-/// Lock `run/daemon.pid` for the daemon's lifetime and write "pid version" into it.
+/// Lock `run/daemon.pid` for the daemon's lifetime and write "pid version" and the
+/// socket path into it.
 /// While another process holds it and does not answer on the socket (it is stopping),
 /// wait up to `wait` for it to exit.
 fn lock_pidfile(home: &Home, wait: Duration) -> Result<File, PidfileError> {
@@ -317,7 +319,12 @@ fn lock_pidfile(home: &Home, wait: Duration) -> Result<File, PidfileError> {
                     _ => continue,
                 }
                 file.set_len(0).map_err(io)?;
+                // "pid build", then the socket path (clients whose environment names
+                // another short socket directory find this daemon through it).
                 writeln!(file, "{} {}", std::process::id(), BUILD).map_err(io)?;
+                file.write_all(home.socket().as_os_str().as_bytes())
+                    .and_then(|()| file.write_all(b"\n"))
+                    .map_err(io)?;
                 file.sync_all().map_err(io)?;
                 return Ok(file);
             }

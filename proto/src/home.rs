@@ -212,14 +212,40 @@ impl Home {
     /// Connect to the daemon's socket. Outside the home, the socket's directory must
     /// be ours and closed to others first (else `PermissionDenied`): whoever controls
     /// that directory controls which process answers.
+    ///
+    /// When nothing answers there, the socket the running daemon recorded in its pidfile
+    /// is tried (same directory checks): a daemon started with another
+    /// `$XDG_RUNTIME_DIR` (a service manager's environment vs. an MCP client's) is still
+    /// found.
     pub fn connect_socket(&self) -> io::Result<UnixStream> {
-        match self.socket_place() {
-            SocketPlace::InHome { path } => UnixStream::connect(path),
-            SocketPlace::RuntimeDir { dir, path } | SocketPlace::Tmp { dir, path } => {
-                check_private_dir(&dir, self.short.uid)?;
-                UnixStream::connect(path)
+        let (dir, path) = match self.socket_place() {
+            SocketPlace::InHome { path } => return UnixStream::connect(path),
+            SocketPlace::RuntimeDir { dir, path } | SocketPlace::Tmp { dir, path } => (dir, path),
+        };
+        let error = match check_private_dir(&dir, self.short.uid)
+            .and_then(|()| UnixStream::connect(&path))
+        {
+            Ok(stream) => return Ok(stream),
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => e,
+            Err(e) => return Err(e),
+        };
+        let Some(recorded) = self.recorded_socket().filter(|recorded| *recorded != path) else {
+            return Err(error);
+        };
+        match recorded.parent() {
+            Some(dir) if fits_socket_address(&recorded) => {
+                check_private_dir(dir, self.short.uid)?;
+                UnixStream::connect(&recorded)
             }
+            _ => Err(error),
         }
+    }
+
+    /// The socket path a daemon wrote on the second line of its pidfile.
+    pub fn recorded_socket(&self) -> Option<PathBuf> {
+        let text = std::fs::read(self.pid_file()).ok()?;
+        let line = text.split(|b| *b == b'\n').nth(1)?;
+        (!line.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(line)))
     }
 }
 

@@ -351,6 +351,16 @@ fn a_home_with_a_long_path_works() {
     let socket = status["socket"].as_str().expect("socket");
     assert!(socket.starts_with(&format!("{}/alexandria-", runtime.display())));
 
+    // A client without XDG_RUNTIME_DIR (an MCP client's scrubbed environment) still
+    // finds a daemon started with it, through the path in its pidfile.
+    start(&env);
+    let pid = env.daemon_pid().expect("pid");
+    env.vars = vec![("XDG_RUNTIME_DIR".into(), None)];
+    let text = env.ok(&["daemon", "status"]);
+    assert!(text.contains(&format!("(pid {pid})")), "{text}");
+    let text = stop(&env);
+    assert_eq!(pid_in(&text), Some(pid), "{text}");
+
     // Without it: /tmp/alexandria-<uid>/, created 0700.
     env.vars = vec![("XDG_RUNTIME_DIR".into(), None)];
     start(&env);
@@ -394,10 +404,18 @@ fn a_home_with_a_long_path_works() {
 fn request_stop(env: &Env) {
     let mut stream =
         std::os::unix::net::UnixStream::connect(env.home.join("run/daemon.sock")).expect("connect");
+    let hello = alexandria_proto::Hello {
+        protocol: alexandria_proto::PROTOCOL_VERSION,
+        build: "test".into(),
+        kind: alexandria_proto::ConnectionKind::Control,
+    };
     stream
-        .write_all(
-            b"{\"protocol\":1,\"build\":\"test\",\"kind\":\"control\"}\n{\"request\":\"stop\"}\n",
-        )
+        .write_all(&alexandria_proto::to_line(&hello))
+        .and_then(|()| {
+            stream.write_all(&alexandria_proto::to_line(
+                &alexandria_proto::ControlRequest::Stop,
+            ))
+        })
         .expect("send stop");
     let mut reader = std::io::BufReader::new(&stream);
     let mut line = String::new();
