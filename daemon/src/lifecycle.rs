@@ -102,7 +102,9 @@ fn take_pidfile(options: &DaemonOptions) -> Result<()> {
         Err(PidfileError::Running { holder, .. }) if !options.spawned => {
             tracing::info!(%holder, "another daemon runs: asking it to step down");
             ask_running_daemon_to_stop(home);
-            lock_pidfile(home, wait)?
+            // It may accept connections for a moment more (an older build answers
+            // before it closes its socket): wait for its exit either way.
+            lock_pidfile_after_stop(home, wait)?
         }
         Err(error) => return Err(error.into()),
     };
@@ -287,6 +289,20 @@ enum PidfileError {
         path: String,
         source: std::io::Error,
     },
+}
+
+/// `lock_pidfile` for a holder that was asked to stop: that it still answers is no
+/// reason to give up before `wait`.
+fn lock_pidfile_after_stop(home: &Home, wait: Duration) -> Result<File, PidfileError> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match lock_pidfile(home, deadline.saturating_duration_since(Instant::now())) {
+            Err(PidfileError::Running { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Lock `run/daemon.pid` for the daemon's lifetime and write "pid version" and the

@@ -16,6 +16,8 @@ use crate::transport::socket::{Frame, read_frame};
 use crate::workspace::Store;
 
 const REQUEST_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// How long a `Stop` waits for the socket to be closed before it answers.
+const SOCKET_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub async fn handle(
     mut reader: BufReader<OwnedReadHalf>,
@@ -45,6 +47,16 @@ pub async fn handle(
     let _inflight = context.inflight.begin();
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<ControlReply>();
     let stop = matches!(request, ControlRequest::Stop);
+    if stop {
+        // Close the socket before answering: whoever reads the answer and connects
+        // again must find the daemon stopping, not still accepting.
+        context.shutdown();
+        let socket = context.store.home.socket();
+        let deadline = tokio::time::Instant::now() + SOCKET_CLOSE_WAIT;
+        while socket.exists() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
     let worker_context = Arc::clone(&context);
     let worker = tokio::task::spawn_blocking(move || {
         let progress = sender.clone();
@@ -78,7 +90,6 @@ pub async fn handle(
     }
     if stop {
         let _ = writer.shutdown().await;
-        context.shutdown();
     }
     Ok(())
 }
