@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
 use crate::auth::Auth;
+use crate::auth::web::WebLogins;
 use crate::mcp::sessions::Sessions;
 use crate::workspace::Store;
 
@@ -33,6 +34,8 @@ pub struct DaemonContext {
     pub sessions: Arc<Sessions>,
     pub started: Instant,
     pub auth: Arc<Auth>,
+    /// One-time login tokens and sessions of the web view.
+    pub web: Arc<WebLogins>,
     /// `None` when HTTP could not be bound (the reason is in the daemon log).
     pub http: Option<HttpInfo>,
     /// Socket requests being worked on, so that shutdown lets them finish.

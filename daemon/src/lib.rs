@@ -6,7 +6,8 @@
 //! call log) → `tools` (tool logic, MCP-free) → `commit` (the write path, recovery,
 //! outside edits) → `index` (catalogue, full-text search, extraction) → `workspace`
 //! (files, git, lock) → `db`, `config`, `error`. `context` (state shared by the
-//! transports) and `auth` sit beside `transport`, below `lifecycle`.
+//! transports) and `auth` sit beside `transport`, below `lifecycle`; `web` (the web
+//! view) is a transport too: `transport/http.rs` hands it its paths.
 
 pub mod auth;
 pub mod commit;
@@ -20,6 +21,7 @@ pub mod lifecycle;
 pub mod mcp;
 pub mod tools;
 pub mod transport;
+pub mod web;
 pub mod workspace;
 
 pub use lifecycle::{DaemonOptions, run};

@@ -239,6 +239,7 @@ async fn start(options: &DaemonOptions) -> Result<Started> {
         sessions: Arc::new(Sessions::default()),
         started: Instant::now(),
         auth: Arc::new(auth),
+        web: Arc::default(),
         http,
         inflight: Arc::new(Inflight::default()),
         shutdown,

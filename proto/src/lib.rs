@@ -145,6 +145,8 @@ pub enum ControlRequest {
     },
     /// Invalidate every HTTP token minted so far.
     AuthRevoke,
+    /// A one-time login URL for the web view.
+    WebLogin,
 }
 
 /// One line of the daemon's answer to a control request.

@@ -12,6 +12,7 @@ mod install;
 mod nohome;
 mod progress;
 mod pump;
+mod web;
 mod workspaces;
 
 use std::process::ExitCode;
@@ -71,6 +72,12 @@ enum Command {
         /// Write alexandria.1, alexandria-<command>.1, … into this directory
         #[arg(long, value_name = "DIR")]
         dir: Option<std::path::PathBuf>,
+    },
+    /// Print a one-time login URL for the web view (and open it in a browser)
+    Web {
+        /// Only print the URL; do not open a browser
+        #[arg(long)]
+        no_open: bool,
     },
     /// Run a scripted agent session (guide, search, read) on a bundled sample workspace
     Demo {
@@ -194,6 +201,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Mcp(McpCommand::Status { json }) => cli::mcp_status(&connector, json),
         Command::Doctor { json } => doctor::run(&connector, json),
         Command::Init => cli::init(&connector),
+        Command::Web { no_open } => web::web(&connector, !no_open),
         Command::Workspace(WorkspaceCommand::Create { slug }) => {
             cli::workspace_create(&connector, &slug)
         }

@@ -8,6 +8,8 @@
 //! Tokens are never logged, never stored by the daemon, and verified with ring's
 //! constant-time HMAC check.
 
+pub mod web;
+
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};

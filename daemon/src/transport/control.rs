@@ -308,6 +308,23 @@ sources:    {}",
                 json!({"revoked": true, "generation": generation}),
             ))
         }
+        ControlRequest::WebLogin => {
+            let Some(http) = &context.http else {
+                return Err(ToolError::new(
+                    alexandria_proto::ErrorCode::Internal,
+                    "the daemon has no HTTP listener, so the web view is off",
+                    "see the daemon log for why HTTP could not be bound, then `alexandria daemon stop && alexandria daemon start`",
+                ));
+            };
+            let token = context.web.issue().map_err(|_| {
+                ToolError::internal("drawing a login token", "the system random source failed")
+            })?;
+            let url = format!("{}/login?token={token}", http.url());
+            Ok(done(
+                format!("{url}\nopen this URL in your browser within 10 minutes (it works once)"),
+                json!({"url": url, "expires_in_secs": crate::auth::web::LOGIN_TOKEN_TTL.as_secs()}),
+            ))
+        }
         ControlRequest::Stop => Ok(done(
             format!("alexandriad (pid {}) is stopping", std::process::id()),
             json!({"pid": std::process::id()}),

@@ -209,6 +209,8 @@ fn host_of_authority(authority: &str) -> Option<String> {
 
 struct App {
     context: Arc<DaemonContext>,
+    /// The listener's port (names the web view's cookie).
+    local_port: u16,
     hosts: HostRule,
     cancel: CancellationToken,
     open: McpService,
@@ -225,6 +227,7 @@ impl App {
         let open = mcp_service(&context, Binding::Open, &cancel);
         App {
             hosts: HostRule::new(config, local),
+            local_port: local.map_or(0, |a| a.port()),
             context,
             cancel,
             open,
@@ -327,6 +330,8 @@ enum Route<'a> {
     Open,
     Pinned(&'a str),
     WorkspaceHealth(&'a str),
+    /// The web view (`crate::web`).
+    Web,
     Unknown,
 }
 
@@ -341,6 +346,7 @@ fn route(path: &str) -> Route<'_> {
         _ => match path.strip_prefix("/mcp/").map(|rest| rest.split_once('/')) {
             Some(None) => Route::Pinned(&path["/mcp/".len()..]),
             Some(Some((slug, "health"))) => Route::WorkspaceHealth(slug),
+            _ if crate::web::is_web_path(path) => Route::Web,
             _ => Route::Unknown,
         },
     }
@@ -399,6 +405,24 @@ async fn entry(State(app): State<Arc<App>>, request: Request) -> Response {
                 StatusCode::OK,
                 json!({"status": "ok", "version": BUILD, "workspace": slug}),
             )
+        }
+        Route::Web => {
+            // A bearer token (when tokens are on) admits scripts; browsers use the
+            // web view's session cookie.
+            let access = if app.context.auth.tokens_enabled()
+                && request.headers().contains_key(header::AUTHORIZATION)
+            {
+                match app.authenticate(request.headers()) {
+                    Ok(grant) => crate::web::Access::Bearer {
+                        workspace: grant.workspace,
+                    },
+                    Err(denial) => return denial.into_response(),
+                }
+            } else {
+                crate::web::Access::Cookie
+            };
+            let port = app.local_port;
+            crate::web::handle(Arc::clone(&app.context), request, access, port).await
         }
         Route::Unknown => plain(
             StatusCode::NOT_FOUND,
