@@ -649,7 +649,9 @@ mod tests {
             Route::WorkspaceHealth("acme")
         ));
         assert!(matches!(route("/mcp/acme/other"), Route::Unknown));
-        assert!(matches!(route("/"), Route::Unknown));
+        assert!(matches!(route("/"), Route::Web));
+        assert!(matches!(route("/w/acme/wiki/a.md"), Route::Web));
+        assert!(matches!(route("/nowhere"), Route::Unknown));
         assert!(matches!(route("/mcpx"), Route::Unknown));
     }
 
