@@ -24,6 +24,11 @@ allowed_hosts = []
 # How long a write waits for the workspace lock before answering workspace_busy.
 lock_timeout_secs = 30.0
 
+[git]
+# The branch a new workspace's repository starts on (existing ones keep theirs; a
+# branch switched by hand in a workspace is followed).
+default_branch = "main"
+
 [logs]
 # Tool-call logs (logs/mcp-<date>.jsonl) older than this are deleted.
 retention_days = 7
@@ -34,7 +39,22 @@ retention_days = 7
 pub struct Config {
     pub http: HttpConfig,
     pub write: WriteConfig,
+    pub git: GitConfig,
     pub logs: LogsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct GitConfig {
+    pub default_branch: String,
+}
+
+impl Default for GitConfig {
+    fn default() -> GitConfig {
+        GitConfig {
+            default_branch: "main".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -130,5 +150,7 @@ mod tests {
             toml::from_str("[write]\nlock_timeout_secs = 2.5\n").expect("partial");
         assert_eq!(partial.write.lock_timeout_secs, 2.5);
         assert_eq!(partial.logs.retention_days, 7);
+        assert_eq!(config.git.default_branch, "main");
+        assert_eq!(partial.git.default_branch, "main");
     }
 }

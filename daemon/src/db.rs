@@ -114,6 +114,10 @@ CREATE INDEX subscription_pending ON subscription_items(workspace, ingested_at);
 "#,
     // 2: counting a workspace's files per layer (guide) without scanning every row.
     "CREATE INDEX files_layer ON files(workspace, layer);",
+    // 3: history names commits: the one that recorded a change, and for outside edits
+    // the one that still holds the text from before.
+    "ALTER TABLE wiki_log_entries ADD COLUMN commit_id TEXT;
+     ALTER TABLE wiki_log_entries ADD COLUMN previous_commit TEXT;",
 ];
 
 /// Open the pool on `path`, creating the file, and apply pending migrations.

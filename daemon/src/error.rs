@@ -161,3 +161,10 @@ impl From<r2d2::Error> for ToolError {
         ToolError::internal("database pool", error)
     }
 }
+
+/// Opening a workspace's repository (`WorkspaceState::with_repo`) failed.
+impl From<git2::Error> for ToolError {
+    fn from(error: git2::Error) -> ToolError {
+        ToolError::internal("opening the workspace's git repository", error)
+    }
+}

@@ -142,7 +142,6 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     );
     tokio::spawn(keep_index_current(Arc::clone(&context)));
     tokio::spawn(prune_call_logs(Arc::clone(&context)));
-    tokio::spawn(sync_git_indexes(Arc::clone(&context)));
     let signals = tokio::spawn(wait_for_signal(Arc::clone(&context)));
     let http_server = http_listener.map(|listener| {
         let context = Arc::clone(&context);
@@ -173,7 +172,7 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
             DRAIN_GRACE.as_secs()
         );
     }
-    // 3. HTTP (its graceful shutdown ran meanwhile) and git's index.
+    // 3. HTTP (its graceful shutdown ran meanwhile).
     if let Some(mut server) = http_server {
         let left = HTTP_SHUTDOWN_GRACE.saturating_sub(stopping.elapsed());
         if tokio::time::timeout(left, &mut server).await.is_err() {
@@ -181,8 +180,6 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
             server.abort();
         }
     }
-    let store = Arc::clone(&context.store);
-    let _ = tokio::task::spawn_blocking(move || store.sync_git_indexes()).await;
     Ok(())
 }
 
@@ -428,17 +425,6 @@ async fn wait_for_signal(context: Arc<DaemonContext>) {
         _ = int.recv() => tracing::info!("SIGINT"),
     }
     context.shutdown();
-}
-
-/// Bring git's index up to date with recent commits, twice a second (see `workspace/git.rs`).
-async fn sync_git_indexes(context: Arc<DaemonContext>) {
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let store = Arc::clone(&context.store);
-        if let Err(error) = tokio::task::spawn_blocking(move || store.sync_git_indexes()).await {
-            tracing::error!(%error, "git index sync panicked");
-        }
-    }
 }
 
 /// Watch for outside edits and catch up with the disk: the watcher thread registers a

@@ -10,6 +10,7 @@ pub enum ErrorCode {
     WorkspaceNotAccessible,
     WorkspaceExists,
     WorkspaceBusy,
+    RepositoryInUse,
     StalePlan,
     NotFound,
     InvalidPath,
@@ -25,12 +26,13 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::WorkspaceRequired,
         ErrorCode::WorkspaceNotFound,
         ErrorCode::WorkspaceNotAccessible,
         ErrorCode::WorkspaceExists,
         ErrorCode::WorkspaceBusy,
+        ErrorCode::RepositoryInUse,
         ErrorCode::StalePlan,
         ErrorCode::NotFound,
         ErrorCode::InvalidPath,
@@ -52,6 +54,7 @@ impl ErrorCode {
             ErrorCode::WorkspaceNotAccessible => "workspace_not_accessible",
             ErrorCode::WorkspaceExists => "workspace_exists",
             ErrorCode::WorkspaceBusy => "workspace_busy",
+            ErrorCode::RepositoryInUse => "repository_in_use",
             ErrorCode::StalePlan => "stale_plan",
             ErrorCode::NotFound => "not_found",
             ErrorCode::InvalidPath => "invalid_path",

@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 
 use alexandria_proto::ErrorCode;
 
-use super::{flush_to_disk, io_error, lock_workspace};
+use super::{
+    Source, check_writable, commit_sources, flush_to_disk, io_error, lock_workspace, store_blob,
+};
 use crate::error::{ToolError, ToolResult};
 use crate::index;
 use crate::workspace::{Store, revision};
@@ -54,6 +56,7 @@ pub fn ingest(
     let state = store.state(workspace);
     let run_id = format!("ingest-{}", uuid::Uuid::new_v4().simple());
     let lock = lock_workspace(store, &state, workspace, &run_id)?;
+    check_writable(store, workspace)?;
     let mut report = Ingested::default();
     let added = place_and_commit(store, workspace, sources, progress, &mut report).map_err(
         |mut error| {
@@ -97,6 +100,8 @@ fn place_and_commit(
     let mut staging = Staging::default();
     // Destinations chosen in this run, with the content's revision.
     let mut chosen: HashMap<PathBuf, String> = HashMap::new();
+    // The blob of each destination, made of the bytes copied (never re-read from raw/).
+    let mut blobs: HashMap<PathBuf, git2::Oid> = HashMap::new();
     let total = items.len() as u64;
     for (n, item) in items.iter().enumerate() {
         let shown = item.source.display().to_string();
@@ -112,6 +117,7 @@ fn place_and_commit(
             None => report.unchanged.push(shown.clone()),
             Some(destination) => {
                 staging.stage(&root, &destination, &bytes)?;
+                blobs.insert(destination.clone(), store_blob(store, workspace, &bytes)?);
                 chosen.insert(destination, rev);
             }
         }
@@ -125,15 +131,23 @@ fn place_and_commit(
             Some((relative, absolute.clone()))
         })
         .collect();
-    if !added.is_empty() {
-        let paths: Vec<String> = added.iter().map(|(path, _)| path.clone()).collect();
-        commit_paths(
+    let sources: Vec<Source> = added
+        .iter()
+        .filter_map(|(path, absolute)| {
+            Some(Source {
+                path: path.clone(),
+                blob: *blobs.get(absolute)?,
+                stat: fs::symlink_metadata(absolute).ok(),
+            })
+        })
+        .collect();
+    if !sources.is_empty() {
+        commit_sources(
             store,
             workspace,
-            &paths,
-            &format!("alexandria: ingest {} source(s)", paths.len()),
-        )
-        .map_err(|e| ToolError::internal("committing ingested sources", e))?;
+            &sources,
+            &format!("alexandria: ingest {} source(s)", sources.len()),
+        )?;
     }
     staging.keep();
     Ok(added)
@@ -361,30 +375,4 @@ impl Drop for Staging {
             let _ = fs::remove_dir(folder);
         }
     }
-}
-
-/// Commit `paths` (workspace-relative) on top of HEAD.
-fn commit_paths(
-    store: &Store,
-    workspace: &str,
-    paths: &[String],
-    message: &str,
-) -> Result<(), git2::Error> {
-    let root = store.workspace_dir(workspace);
-    let state = store.state(workspace);
-    state.with_repo(&root, |repo| {
-        let changes: Vec<crate::workspace::git::Change<'_>> = paths
-            .iter()
-            .map(|path| crate::workspace::git::Change {
-                path,
-                present: true,
-            })
-            .collect();
-        let author = git2::Signature::now("alexandria", "alexandria@localhost")?;
-        crate::workspace::git::commit_changes(repo, &root, &changes, message, &author)
-    })?;
-    for path in paths {
-        state.index_pending(path);
-    }
-    Ok(())
 }

@@ -20,11 +20,13 @@
 //! calls a tool.
 
 pub mod ingest;
+pub mod place;
 pub mod recover;
 pub mod watch;
 
 pub use recover::recover;
 
+use std::cell::Cell;
 use std::fs::{self, File};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -39,7 +41,11 @@ use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
 use crate::faults::crash_point;
 use crate::index;
+use crate::workspace::git;
 use crate::workspace::{LockGuard, Store, revision};
+
+/// Largest page a write may produce.
+pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
 
 // ---------------------------------------------------------------------------------
 // runs on disk
@@ -63,6 +69,14 @@ pub struct Manifest {
     /// For deletes: where the page goes, relative to the workspace.
     pub trash_path: Option<String>,
     pub summary: String,
+    /// For `str_replace`: the text replaced, so that the write can be applied again on
+    /// top of an outside save found when the page is swapped in.
+    #[serde(default)]
+    pub old_str: Option<String>,
+    /// The caller named the rev it planned against: the write is never applied on top
+    /// of another version.
+    #[serde(default)]
+    pub pinned_base: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -81,8 +95,7 @@ pub(crate) fn run_dir(store: &Store, workspace: &str, run_id: &str) -> PathBuf {
     store.workspace_dir(workspace).join("runs").join(run_id)
 }
 
-/// Marker in the names of temporary files; recovery deletes leftovers.
-pub(crate) const TEMP_MARKER: &str = ".alx-tmp-";
+pub(crate) use place::TEMP_MARKER;
 
 /// Replace `path` atomically with `bytes` (temp file + rename). Durability against
 /// power loss comes from one `syncfs` per write before it is acknowledged (see
@@ -163,6 +176,54 @@ pub(crate) fn read_current(absolute: &Path) -> ToolResult<Option<Vec<u8>>> {
     }
 }
 
+/// The page text after `op` (`create`, `append`, `str_replace`) with `payload` (the
+/// content, or `new_str`) on `current` (None: no page).
+pub fn apply_command(
+    op: &str,
+    path: &str,
+    current: Option<&str>,
+    payload: &str,
+    old_str: Option<&str>,
+) -> ToolResult<String> {
+    match (op, current) {
+        ("create", Some(_)) => Err(ToolError::invalid_argument(
+            format!("{path} already exists"),
+            "read it, then use str_replace or append to change it (create never overwrites)",
+        )),
+        ("create", None) => Ok(payload.to_string()),
+        (_, None) => Err(ToolError::not_found(path)),
+        ("append", Some(text)) => {
+            let mut text = text.to_string();
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(payload);
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            Ok(text)
+        }
+        ("str_replace", Some(text)) => {
+            let old = old_str.unwrap_or_default();
+            match text.matches(old).count() {
+                0 => Err(ToolError::new(
+                    ErrorCode::NoMatch,
+                    format!("old_str does not occur in {path}"),
+                    "read the page again and copy the exact text (whitespace included)",
+                )),
+                1 => Ok(text.replacen(old, payload, 1)),
+                n => Err(ToolError::new(
+                    ErrorCode::AmbiguousMatch,
+                    format!("old_str occurs {n} times in {path}"),
+                    "include more surrounding text in old_str so it occurs exactly once",
+                )
+                .with_detail("occurrences", n)),
+            }
+        }
+        (other, _) => Err(ToolError::internal("write command", other.to_string())),
+    }
+}
+
 /// Removes a run directory when the run ends, however it ends, unless it reached
 /// `prepared` and failed (recovery must see it then).
 pub(crate) struct RunDirCleanup(pub(crate) PathBuf);
@@ -176,10 +237,27 @@ impl Drop for RunDirCleanup {
     }
 }
 
-/// Carry a prepared run to the end: file in place, git commit, SQLite, run dir gone.
+/// What a completed run produced.
+pub struct Completed {
+    pub commit: String,
+    /// Rev of the page after the run (None: deleted). Differs from the manifest's when
+    /// the write was applied again on top of an outside save.
+    pub rev: Option<String>,
+}
+
+/// A version of the page that the daemon found in place of the one it planned against
+/// (an editor's save), committed before the run's own commit.
+struct OutsideVersion {
+    op: &'static str,
+    commit: String,
+    previous_commit: String,
+}
+
+/// Carry a prepared run to the end: file in place, git commit(s), SQLite, run dir gone.
 /// Every step checks whether it already happened, so recovery can call this again.
-/// Returns the commit id.
-pub(crate) fn complete(store: &Store, manifest: &Manifest) -> ToolResult<String> {
+/// `changed` is set once the page or the repository was touched (from then on a
+/// failure is rolled back).
+fn complete(store: &Store, manifest: &Manifest, changed: &Cell<bool>) -> ToolResult<Completed> {
     let workspace = &manifest.workspace;
     let root = store.workspace_dir(workspace);
     let dir = run_dir(store, workspace, &manifest.run_id);
@@ -199,59 +277,71 @@ pub(crate) fn complete(store: &Store, manifest: &Manifest) -> ToolResult<String>
             .optional()?;
         if let Some(commit) = recorded {
             let _ = fs::remove_dir_all(&dir);
-            return Ok(commit.unwrap_or_default());
+            return Ok(Completed {
+                commit: commit.unwrap_or_default(),
+                rev: manifest.new_rev.clone(),
+            });
         }
     }
 
-    // 1. The file, unless someone else changed it meanwhile.
-    let on_disk = fs::read(&target).ok().map(|b| revision(&b));
-    let conflict = || {
-        ToolError::new(
-            ErrorCode::StalePlan,
-            format!(
-                "{} changed outside alexandria while the write was in progress",
-                manifest.path
-            ),
-            "read the page again and re-plan the edit",
-        )
-    };
-    match (&manifest.new_rev, &manifest.trash_path) {
-        (Some(new_rev), _) => {
-            if on_disk.as_ref() != Some(new_rev) {
-                if on_disk != manifest.old_rev {
-                    return Err(conflict());
-                }
-                let final_text = fs::read(dir.join("final"))
-                    .map_err(|e| io_error("reading the prepared page", e))?;
-                write_durably(&target, &final_text).map_err(|e| io_error("writing the page", e))?;
-            }
+    // 1 and 2. The page and the commit(s), under git's index lock.
+    let timeout = git_lock_timeout(store);
+    let (done, outside) = state.with_repo(&root, |repo| -> ToolResult<_> {
+        let session = git::Session::begin(repo, timeout).map_err(git_error)?;
+        let mut page = Page {
+            session,
+            manifest,
+            root: &root,
+            target: &target,
+            committed: None,
+            outside: Vec::new(),
+            changed,
+        };
+        let done = page.commit_run(&dir);
+        let Page {
+            session, outside, ..
+        } = page;
+        // Whatever was committed (outside versions too) reaches git's index, also
+        // when the write itself ends in `stale_plan`.
+        let finished = session.finish().map_err(git_error);
+        match (done, finished) {
+            (Ok(done), Ok(())) => Ok((Ok(done), outside)),
+            (Err(error), Ok(())) if error.code == ErrorCode::StalePlan => Ok((Err(error), outside)),
+            (Err(error), _) | (Ok(_), Err(error)) => Err(error),
         }
-        (None, Some(trash)) => {
-            if target.exists() {
-                if on_disk != manifest.old_rev {
-                    return Err(conflict());
-                }
-                let trash = root.join(trash);
-                if let Some(parent) = trash.parent() {
-                    fs::create_dir_all(parent)
-                        .map_err(|e| io_error("creating the trash folder", e))?;
-                }
-                fs::rename(&target, &trash)
-                    .map_err(|e| io_error("moving the page to .trash", e))?;
-            }
-        }
-        (None, None) => return Err(ToolError::internal("run manifest", "nothing to do")),
-    }
-    crash_point("after_move");
-
-    // 2. The commit.
-    let commit = commit_run(store, manifest).map_err(git_error)?;
-    state.index_pending(&manifest.path);
+    })?;
     crash_point("after_commit");
 
     // 3. State and index, in one transaction.
     let mut connection = store.pool.get()?;
     let transaction = connection.transaction()?;
+    let now = now_ms();
+    for version in &outside {
+        transaction.execute(
+            "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id, previous_commit)
+             VALUES (?1, ?2, NULL, ?3, ?4, ?5, 'outside', ?6, ?7)",
+            params![
+                now,
+                workspace,
+                version.op,
+                manifest.path,
+                format!(
+                    "saved outside alexandria while run {} was writing the page; committed as found; the text before is in commit {}",
+                    manifest.run_id,
+                    short(&version.previous_commit)
+                ),
+                version.commit,
+                version.previous_commit,
+            ],
+        )?;
+    }
+    let (commit, rev) = match done {
+        Ok(done) => done,
+        Err(error) => {
+            transaction.commit()?;
+            return Err(error);
+        }
+    };
     let already: bool = transaction
         .query_row(
             "SELECT count(*) FROM runs WHERE run_id = ?1",
@@ -260,15 +350,14 @@ pub(crate) fn complete(store: &Store, manifest: &Manifest) -> ToolResult<String>
         )
         .map(|n| n > 0)?;
     if !already {
-        let now = now_ms();
         transaction.execute(
             "INSERT INTO runs(run_id, workspace, tool, client, session, state, started_at, finished_at, commit_id)
              VALUES (?1, ?2, ?3, ?4, ?5, 'committed', ?6, ?7, ?8)",
             params![manifest.run_id, workspace, manifest.tool, manifest.client, manifest.session, manifest.started_at, now, commit],
         )?;
         transaction.execute(
-            "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'agent')",
-            params![now, workspace, manifest.run_id, manifest.op, manifest.path, manifest.summary],
+            "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'agent', ?7)",
+            params![now, workspace, manifest.run_id, manifest.op, manifest.path, manifest.summary, commit],
         )?;
         transaction.execute(
             "INSERT INTO events(ts, workspace, kind, data) VALUES (?1, ?2, 'run_committed', ?3)",
@@ -285,10 +374,351 @@ pub(crate) fn complete(store: &Store, manifest: &Manifest) -> ToolResult<String>
     crash_point("after_index");
     let _ = fs::remove_dir_all(&dir);
     store.changed(workspace, &manifest.path);
-    Ok(commit)
+    Ok(Completed { commit, rev })
 }
 
-pub(crate) fn git_error(error: git2::Error) -> ToolError {
+fn short(commit: &str) -> &str {
+    &commit[..commit.len().min(12)]
+}
+
+/// A page being put in place (or in the trash) by a run, with git's index lock held.
+struct Page<'a, 'r> {
+    session: git::Session<'r>,
+    manifest: &'a Manifest,
+    root: &'a Path,
+    target: &'a Path,
+    /// Rev of the page in HEAD now.
+    committed: Option<String>,
+    outside: Vec<OutsideVersion>,
+    changed: &'a Cell<bool>,
+}
+
+fn rev_of(bytes: Option<&[u8]>) -> Option<String> {
+    bytes.map(revision)
+}
+
+fn stale(path: &str, why: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::StalePlan,
+        format!("{path} {why} while the write was in progress"),
+        "read the page again and re-plan the edit; the other version is kept in git (see history)",
+    )
+}
+
+impl Page<'_, '_> {
+    /// Put the page in place (or in the trash) and commit the run, unless HEAD has it
+    /// already (a crash after the commit). Returns the commit and the page's rev.
+    fn commit_run(&mut self, dir: &Path) -> ToolResult<(String, Option<String>)> {
+        let manifest = self.manifest;
+        let repo = self.session.repo();
+        let head = repo
+            .head()
+            .and_then(|h| h.peel_to_commit())
+            .map_err(git2_error)?;
+        let marker = format!("run: {}", manifest.run_id);
+        if head.message().is_ok_and(|m| m.contains(&marker)) {
+            // Committed before a crash; the index may not have followed.
+            self.changed.set(true);
+            self.session
+                .stage_head_version(&manifest.path)
+                .map_err(git_error)?;
+            let rev = fs::read(self.target).ok().map(|b| revision(&b));
+            return Ok((head.id().to_string(), rev));
+        }
+        self.committed = head
+            .tree()
+            .ok()
+            .and_then(|t| t.get_path(Path::new(&manifest.path)).ok())
+            .map(|e| e.id().to_string());
+        let mut late = None;
+        let (bytes, stat) = match (&manifest.new_rev, &manifest.trash_path) {
+            (Some(_), _) => {
+                let final_text = fs::read(dir.join("final"))
+                    .map_err(|e| io_error("reading the prepared page", e))?;
+                let (bytes, stat, replaced) = self.put(final_text, dir)?;
+                late = replaced;
+                (Some(bytes), stat)
+            }
+            (None, Some(trash)) => {
+                let trash = self.root.join(trash);
+                self.trash(&trash)?;
+                (None, None)
+            }
+            (None, None) => return Err(ToolError::internal("run manifest", "nothing to do")),
+        };
+        crash_point("after_move");
+        let client = manifest
+            .client
+            .clone()
+            .unwrap_or_else(|| "unknown client".into());
+        let author = git2::Signature::now(&client, "agent@alexandria.local").map_err(git2_error)?;
+        let message = format!(
+            "{} via alexandria\n\n{marker}\ntool: {} {}\nclient: {client}\nsession: {}\n",
+            manifest.summary,
+            manifest.tool,
+            manifest.op,
+            manifest.session.as_deref().unwrap_or("-")
+        );
+        let change = git::Change {
+            path: &manifest.path,
+            content: git::Content::of(bytes.as_deref()),
+            stat: stat.as_ref(),
+        };
+        let id = self
+            .session
+            .commit(&[change], &message, &author)
+            .map_err(git_error)?;
+        let rev = bytes.as_deref().map(revision);
+        // An editor that opened the page before the swap and saved into it in place
+        // only now: its save went into the file this write replaced. Keep it: commit it
+        // as an outside edit (history then names this run's commit as holding the text
+        // it removed) and put it back in place.
+        if let Some(mut replaced) = late
+            && replaced
+                .refresh(false)
+                .map_err(|e| io_error("reading the replaced page", e))?
+        {
+            self.commit_outside(replaced.bytes.as_deref())?;
+            self.put_back(replaced.bytes, rev.clone())?;
+        }
+        Ok((id.to_string(), rev))
+    }
+
+    /// Commit a version found on disk that HEAD does not have (an outside save).
+    fn commit_outside(&mut self, bytes: Option<&[u8]>) -> ToolResult<()> {
+        let rev = rev_of(bytes);
+        if rev == self.committed {
+            return Ok(());
+        }
+        let op = match (&self.committed, bytes) {
+            (None, _) => "outside_create",
+            (Some(_), None) => "outside_delete",
+            (Some(_), Some(_)) => "outside_edit",
+        };
+        let previous = self
+            .session
+            .repo()
+            .head()
+            .and_then(|h| h.peel_to_commit())
+            .map_err(git2_error)?
+            .id()
+            .to_string();
+        let path = &self.manifest.path;
+        let message = format!(
+            "{op} {path}\n\nSaved outside alexandria (an editor, a sync tool) while an agent was writing \
+             the page; committed as found, before the agent's write, so that no version is lost.\n"
+        );
+        let author = git2::Signature::now("outside alexandria", "outside@alexandria.local")
+            .map_err(git2_error)?;
+        let change = git::Change {
+            path,
+            content: git::Content::of(bytes),
+            stat: None,
+        };
+        let commit = self
+            .session
+            .commit(&[change], &message, &author)
+            .map_err(git_error)?;
+        tracing::info!(path = %path, run = %self.manifest.run_id, "committed an outside save found during a write");
+        self.committed = rev;
+        self.outside.push(OutsideVersion {
+            op,
+            commit: commit.to_string(),
+            previous_commit: previous,
+        });
+        Ok(())
+    }
+
+    /// Swap `bytes` in; returns what was replaced (re-read if an editor was still
+    /// writing into it).
+    fn swap(&self, bytes: &[u8]) -> ToolResult<place::Swapped> {
+        place::swap_in(self.target, bytes).map_err(|e| io_error("writing the page", e))
+    }
+
+    /// Put the run's page in place. If what it replaced is not what the write was
+    /// planned against, that version is committed first, then the write is applied
+    /// again on top of it (append; str_replace while `old_str` is unique) or undone
+    /// (`stale_plan`). Returns the bytes in place and their stat data.
+    fn put(
+        &mut self,
+        final_text: Vec<u8>,
+        dir: &Path,
+    ) -> ToolResult<(Vec<u8>, Option<std::fs::Metadata>, Option<place::Replaced>)> {
+        let on_disk = fs::read(self.target).ok();
+        if rev_of(on_disk.as_deref()) == self.manifest.new_rev {
+            // In place before a crash: whatever it replaced was checked then.
+            let stat = fs::metadata(self.target).ok();
+            return Ok((final_text, stat, None));
+        }
+        self.changed.set(true);
+        let mut content = final_text;
+        // What the swap should replace: the plan's page, later our own earlier bytes.
+        let mut expected = self.manifest.old_rev.clone();
+        let mut ours = false;
+        // An empty page where HEAD has text is most likely an editor's save in place,
+        // caught between truncating and writing.
+        let empty = revision(b"");
+        for _ in 0..8 {
+            let expect_content = self.committed.as_ref().is_some_and(|c| *c != empty);
+            let swapped = self.swap(&content)?;
+            let mut replaced = swapped.replaced;
+            let mut found = rev_of(replaced.bytes.as_deref());
+            if found != expected || found.as_deref() == Some(empty.as_str()) {
+                // Let an editor writing in place finish.
+                replaced
+                    .refresh(expect_content)
+                    .map_err(|e| io_error("reading the replaced page", e))?;
+                found = rev_of(replaced.bytes.as_deref());
+            }
+            if !(ours && found == expected) {
+                self.commit_outside(replaced.bytes.as_deref())?;
+            }
+            if found == expected {
+                // A late write in place into the file just replaced?
+                let late = replaced
+                    .refresh(false)
+                    .map_err(|e| io_error("reading the replaced page", e))?;
+                if !late {
+                    return Ok((content, swapped.stat, Some(replaced)));
+                }
+                self.commit_outside(replaced.bytes.as_deref())?;
+            }
+            // Not what the write was planned against.
+            match self.reapply(replaced.bytes.as_deref(), dir) {
+                Some(again) => {
+                    expected = Some(revision(&content));
+                    ours = true;
+                    content = again;
+                }
+                None => {
+                    self.put_back(replaced.bytes, Some(revision(&content)))?;
+                    return Err(stale(
+                        &self.manifest.path,
+                        "was changed outside alexandria (the other version is committed)",
+                    ));
+                }
+            }
+        }
+        Err(stale(
+            &self.manifest.path,
+            "kept changing outside alexandria",
+        ))
+    }
+
+    /// The run's write applied to `current` (an outside version), if it still applies.
+    fn reapply(&self, current: Option<&[u8]>, dir: &Path) -> Option<Vec<u8>> {
+        if self.manifest.pinned_base {
+            return None;
+        }
+        let current = String::from_utf8(current?.to_vec()).ok()?;
+        let payload = fs::read_to_string(dir.join("staged").join("payload")).ok()?;
+        if !matches!(self.manifest.op.as_str(), "append" | "str_replace") {
+            return None;
+        }
+        apply_command(
+            &self.manifest.op,
+            &self.manifest.path,
+            Some(&current),
+            &payload,
+            self.manifest.old_str.as_deref(),
+        )
+        .ok()
+        .filter(|t| t.len() <= MAX_PAGE_BYTES)
+        .map(String::into_bytes)
+    }
+
+    /// Undo: put `version` (the newest outside version; None: no page) back where the
+    /// run's bytes (`ours`) are. A save over ours meanwhile is newer still: it is
+    /// committed and put back instead.
+    fn put_back(
+        &mut self,
+        mut version: Option<Vec<u8>>,
+        mut ours: Option<String>,
+    ) -> ToolResult<()> {
+        for _ in 0..8 {
+            let replaced = match &version {
+                Some(bytes) => self.swap(bytes)?.replaced.bytes,
+                None => {
+                    place::take_away(self.target).map_err(|e| io_error("removing the page", e))?
+                }
+            };
+            let found = rev_of(replaced.as_deref());
+            if found == ours {
+                return Ok(());
+            }
+            self.commit_outside(replaced.as_deref())?;
+            ours = rev_of(version.as_deref());
+            version = replaced;
+        }
+        Ok(())
+    }
+
+    /// Move the page to the trash. A version the delete was not planned against is
+    /// committed, put back, and the delete answered with `stale_plan`.
+    fn trash(&mut self, trash: &Path) -> ToolResult<()> {
+        if let Some(parent) = trash.parent() {
+            fs::create_dir_all(parent).map_err(|e| io_error("creating the trash folder", e))?;
+        }
+        self.changed.set(true);
+        match fs::rename(self.target, trash) {
+            Ok(()) => {}
+            // Gone already (moved before a crash, or deleted outside).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_error("moving the page to .trash", e)),
+        }
+        let bytes = fs::read(trash).map_err(|e| io_error("reading the trashed page", e))?;
+        let found = Some(revision(&bytes));
+        self.commit_outside(Some(&bytes))?;
+        if found != self.manifest.old_rev {
+            place::restore(trash, self.target).map_err(|e| io_error("putting the page back", e))?;
+            return Err(stale(
+                &self.manifest.path,
+                "was changed outside alexandria (the other version is committed)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How long a commit waits for someone else's `.git/index.lock`.
+fn git_lock_timeout(store: &Store) -> Duration {
+    Duration::from_secs_f64(store.config.write.lock_timeout_secs.clamp(0.05, 5.0))
+}
+
+/// The error for a repository a person is in the middle of using.
+pub fn repository_in_use(state: git::GitState) -> ToolError {
+    ToolError::new(
+        ErrorCode::RepositoryInUse,
+        format!(
+            "the workspace's git repository is in use: {}; alexandria writes nothing into it until that is finished (reads keep working)",
+            state.describe()
+        ),
+        format!(
+            "ask the user to {} in the workspace, then retry",
+            state.how_to_finish()
+        ),
+    )
+    .with_detail("git_state", state.name())
+}
+
+pub(crate) fn git_error(error: git::GitError) -> ToolError {
+    match error {
+        git::GitError::Locked { path, waited } => ToolError::new(
+            ErrorCode::WorkspaceBusy,
+            format!(
+                "the workspace's git index is locked by another git process ({}); waited {:.1}s",
+                path.display(),
+                waited.as_secs_f32()
+            ),
+            "wait for that git command to finish and retry; if no git command is running, remove .git/index.lock in the workspace",
+        ),
+        git::GitError::InUse(state) => repository_in_use(state),
+        git::GitError::Git(error) => git2_error(error),
+        git::GitError::Io { context, source } => io_error(context, source),
+    }
+}
+
+pub(crate) fn git2_error(error: git2::Error) -> ToolError {
     if error.code() == git2::ErrorCode::Locked {
         return ToolError::new(
             ErrorCode::WorkspaceBusy,
@@ -296,48 +726,69 @@ pub(crate) fn git_error(error: git2::Error) -> ToolError {
                 "the workspace's git repository is locked by another git process: {}",
                 error.message()
             ),
-            "wait for that git command to finish and retry; if none is running, remove .git/index.lock in the workspace",
+            "wait for that git command to finish and retry",
         );
     }
     ToolError::internal("committing to git", error)
 }
 
-/// One git commit for the run, unless HEAD already has it. Returns the commit id.
-pub(crate) fn commit_run(store: &Store, manifest: &Manifest) -> Result<String, git2::Error> {
-    let root = store.workspace_dir(&manifest.workspace);
-    store
-        .state(&manifest.workspace)
-        .with_repo(&root, |repo| commit_in(repo, &root, manifest))
+/// Refuse to write into a repository a person is in the middle of using.
+pub fn check_writable(store: &Store, workspace: &str) -> ToolResult<()> {
+    let root = store.workspace_dir(workspace);
+    match store
+        .state(workspace)
+        .with_repo(&root, |repo| Ok::<_, git2::Error>(git::GitState::of(repo)))
+        .map_err(git2_error)?
+    {
+        git::GitState::Clean => Ok(()),
+        state => Err(repository_in_use(state)),
+    }
 }
 
-fn commit_in(
-    repo: &git2::Repository,
-    root: &Path,
-    manifest: &Manifest,
-) -> Result<String, git2::Error> {
-    let head = repo.head()?.peel_to_commit()?;
-    let marker = format!("run: {}", manifest.run_id);
-    if head.message().is_ok_and(|m| m.contains(&marker)) {
-        return Ok(head.id().to_string());
-    }
-    let client = manifest
-        .client
-        .clone()
-        .unwrap_or_else(|| "unknown client".into());
-    let author = git2::Signature::now(&client, "agent@alexandria.local")?;
-    let message = format!(
-        "{} via alexandria\n\n{marker}\ntool: {} {}\nclient: {client}\nsession: {}\n",
-        manifest.summary,
-        manifest.tool,
-        manifest.op,
-        manifest.session.as_deref().unwrap_or("-")
-    );
-    let change = crate::workspace::git::Change {
-        path: &manifest.path,
-        present: manifest.new_rev.is_some(),
-    };
-    let id = crate::workspace::git::commit_changes(repo, root, &[change], &message, &author)?;
-    Ok(id.to_string())
+/// A source copied into `raw/`: its path, the blob of the bytes copied, the file's stat.
+pub struct Source {
+    pub path: String,
+    pub blob: git2::Oid,
+    pub stat: Option<std::fs::Metadata>,
+}
+
+/// Store `bytes` as a git blob of the workspace (before they are committed).
+pub fn store_blob(store: &Store, workspace: &str, bytes: &[u8]) -> ToolResult<git2::Oid> {
+    let root = store.workspace_dir(workspace);
+    store
+        .state(workspace)
+        .with_repo(&root, |repo| repo.blob(bytes))
+        .map_err(git2_error)
+}
+
+/// Commit sources copied into `raw/` (with the workspace lock held), git's index kept
+/// in step. Returns the commit id.
+pub fn commit_sources(
+    store: &Store,
+    workspace: &str,
+    sources: &[Source],
+    message: &str,
+) -> ToolResult<String> {
+    let root = store.workspace_dir(workspace);
+    let timeout = git_lock_timeout(store);
+    store.state(workspace).with_repo(&root, |repo| {
+        let mut session = git::Session::begin(repo, timeout).map_err(git_error)?;
+        let changes: Vec<git::Change<'_>> = sources
+            .iter()
+            .map(|source| git::Change {
+                path: &source.path,
+                content: git::Content::Blob(source.blob),
+                stat: source.stat.as_ref(),
+            })
+            .collect();
+        let author =
+            git2::Signature::now("alexandria", "alexandria@localhost").map_err(git2_error)?;
+        let id = session
+            .commit(&changes, message, &author)
+            .map_err(git_error)?;
+        session.finish().map_err(git_error)?;
+        Ok(id.to_string())
+    })
 }
 
 /// Take the workspace lock for `run_id`, waiting up to `[write] lock_timeout_secs`.
@@ -363,15 +814,15 @@ pub(crate) fn finish(
     manifest: &Manifest,
     lock: LockGuard<'_>,
     cleanup: RunDirCleanup,
-) -> ToolResult<String> {
+) -> ToolResult<Completed> {
     crash_point("after_prepare");
-    let commit = complete_or_roll_back(store, manifest)?;
+    let completed = complete_or_roll_back(store, manifest)?;
     drop(cleanup);
     drop(lock);
     crash_point("before_flush");
     flush_to_disk(store, &manifest.workspace)?;
     crash_point("after_flush");
-    Ok(commit)
+    Ok(completed)
 }
 
 /// Make everything written so far durable (page, git objects and refs, SQLite WAL)
@@ -384,11 +835,14 @@ pub(crate) fn flush_to_disk(store: &Store, workspace: &str) -> ToolResult<()> {
 }
 
 /// Complete a prepared run; if that fails (disk full, read-only file system …), undo
-/// whatever part of it happened so that nothing is half-applied.
-pub(crate) fn complete_or_roll_back(store: &Store, manifest: &Manifest) -> ToolResult<String> {
-    match complete(store, manifest) {
-        Ok(commit) => Ok(commit),
-        Err(error) if error.code == ErrorCode::StalePlan => {
+/// whatever part of it happened so that nothing is half-applied. A run refused before
+/// it changed anything (git's index locked by someone else, a merge in progress) or
+/// answered `stale_plan` (the page was put back) has nothing to undo.
+pub(crate) fn complete_or_roll_back(store: &Store, manifest: &Manifest) -> ToolResult<Completed> {
+    let changed = Cell::new(false);
+    match complete(store, manifest, &changed) {
+        Ok(completed) => Ok(completed),
+        Err(error) if !changed.get() || error.code == ErrorCode::StalePlan => {
             let _ = fs::remove_dir_all(run_dir(store, &manifest.workspace, &manifest.run_id));
             Err(error)
         }
@@ -406,49 +860,46 @@ pub(crate) fn complete_or_roll_back(store: &Store, manifest: &Manifest) -> ToolR
 pub(crate) fn roll_back(store: &Store, manifest: &Manifest) {
     let root = store.workspace_dir(&manifest.workspace);
     let target = root.join(&manifest.path);
-    let result = (|| -> Result<(), git2::Error> {
-        let repo = git2::Repository::open(&root)?;
+    let connection_has_run = store
+        .pool
+        .get()
+        .ok()
+        .and_then(|c| {
+            c.query_row(
+                "SELECT count(*) FROM runs WHERE run_id = ?1",
+                params![manifest.run_id],
+                |r| r.get::<_, i64>(0),
+            )
+            .ok()
+        })
+        .is_some_and(|n| n > 0);
+    if connection_has_run {
+        // Fully committed after all: nothing to undo.
+        let _ = fs::remove_dir_all(run_dir(store, &manifest.workspace, &manifest.run_id));
+        return;
+    }
+    let timeout = git_lock_timeout(store);
+    let result = store.state(&manifest.workspace).with_repo(&root, |repo| {
+        let mut session = git::Session::begin(repo, timeout)?;
         let mut head = repo.head()?.peel_to_commit()?;
         let marker = format!("run: {}", manifest.run_id);
-        let committed = head.message().is_ok_and(|m| m.contains(&marker));
-        let connection_has_run = store
-            .pool
-            .get()
-            .ok()
-            .and_then(|c| {
-                c.query_row(
-                    "SELECT count(*) FROM runs WHERE run_id = ?1",
-                    params![manifest.run_id],
-                    |r| r.get::<_, i64>(0),
-                )
-                .ok()
-            })
-            .is_some_and(|n| n > 0);
-        if connection_has_run {
-            // Fully committed after all: nothing to undo.
-            return Ok(());
-        }
-        if committed {
+        if head.message().is_ok_and(|m| m.contains(&marker)) {
             let parent = head.parent(0)?;
-            repo.reset(parent.as_object(), git2::ResetType::Soft, None)?;
+            session.reset_soft(&parent)?;
             head = parent;
         }
-        let tree = head.tree()?;
-        let mut index = repo.index()?;
-        match tree.get_path(Path::new(&manifest.path)) {
+        match head.tree()?.get_path(Path::new(&manifest.path)) {
             Ok(entry) => {
                 let blob = repo.find_blob(entry.id())?;
                 let _ = write_durably(&target, blob.content());
-                let _ = index.add_path(Path::new(&manifest.path));
             }
             Err(_) => {
                 let _ = fs::remove_file(&target);
-                let _ = index.remove_path(Path::new(&manifest.path));
             }
         }
-        index.write()?;
-        Ok(())
-    })();
+        session.stage_head_version(&manifest.path)?;
+        session.finish()
+    });
     if let Err(error) = result {
         tracing::error!(run = %manifest.run_id, %error, "roll back failed");
     }

@@ -8,9 +8,10 @@ use super::*;
 use crate::workspace::Store;
 
 /// Delete what a killed writer can leave behind: temporary files in the layers, and
-/// git's lock files (only alexandria writes to a workspace repository, and this runs
-/// before the daemon serves anything).
-fn remove_leftovers(root: &Path, report: &mut Vec<String>) {
+/// git's lock files if alexandria left them (people use git in workspaces too: their
+/// locks are never touched). Returns whether alexandria's own `index.lock` was found,
+/// i.e. a commit was interrupted.
+fn remove_leftovers(root: &Path, report: &mut Vec<String>) -> bool {
     for layer in ["wiki", "raw"] {
         for entry in walkdir::WalkDir::new(root.join(layer))
             .into_iter()
@@ -25,22 +26,31 @@ fn remove_leftovers(root: &Path, report: &mut Vec<String>) {
             }
         }
     }
-    for lock in ["index.lock", "HEAD.lock"] {
-        let path = root.join(".git").join(lock);
-        if path.exists() {
-            let _ = fs::remove_file(&path);
-            report.push(format!("removed stale {}", path.display()));
+    let git_dir = root.join(".git");
+    if !git::remove_own_stale_lock(&git_dir) {
+        return false;
+    }
+    report.push(format!(
+        "removed stale {}",
+        git_dir.join("index.lock").display()
+    ));
+    // Ref locks taken by that commit, under the index lock.
+    let mut ref_locks = vec![git_dir.join("HEAD.lock")];
+    ref_locks.extend(
+        walkdir::WalkDir::new(git_dir.join("refs"))
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e.file_type().is_file() && e.file_name().to_string_lossy().ends_with(".lock")
+            })
+            .map(|e| e.path().to_path_buf()),
+    );
+    for lock in ref_locks {
+        if fs::remove_file(&lock).is_ok() {
+            report.push(format!("removed stale {}", lock.display()));
         }
     }
-    for entry in walkdir::WalkDir::new(root.join(".git/refs"))
-        .into_iter()
-        .flatten()
-    {
-        if entry.file_type().is_file() && entry.file_name().to_string_lossy().ends_with(".lock") {
-            let _ = fs::remove_file(entry.path());
-            report.push(format!("removed stale {}", entry.path().display()));
-        }
-    }
+    true
 }
 
 /// Finish or drop every run left by a daemon that died. Runs before serving.
@@ -48,14 +58,19 @@ pub fn recover(store: &Arc<Store>) -> Vec<String> {
     let mut report = Vec::new();
     for workspace in store.list_workspaces() {
         let root = store.workspace_dir(&workspace);
-        remove_leftovers(&root, &mut report);
-        // Commits reach git's index lazily; catch up with what a crash left behind.
-        match git2::Repository::open(&root)
-            .and_then(|repo| crate::workspace::git::sync_index_with_head(&repo, &root))
-        {
-            Ok(0) => {}
-            Ok(n) => report.push(format!("{workspace}: updated {n} path(s) in git's index")),
-            Err(error) => report.push(format!("{workspace}: cannot update git's index: {error}")),
+        if remove_leftovers(&root, &mut report) {
+            // A commit was interrupted between moving HEAD and writing git's index.
+            let timeout = git_lock_timeout(store);
+            let staged = git2::Repository::open(&root)
+                .map_err(git::GitError::from)
+                .and_then(|repo| git::stage_last_commit(&repo, timeout));
+            match staged {
+                Ok(0) => {}
+                Ok(n) => report.push(format!("{workspace}: updated {n} path(s) in git's index")),
+                Err(error) => {
+                    report.push(format!("{workspace}: cannot update git's index: {error}"));
+                }
+            }
         }
         let runs = store.workspace_dir(&workspace).join("runs");
         let Ok(entries) = fs::read_dir(&runs) else {
@@ -72,7 +87,8 @@ pub fn recover(store: &Arc<Store>) -> Vec<String> {
             match manifest {
                 Some(manifest) if manifest.state == RunState::Prepared => {
                     match complete_or_roll_back(store, &manifest) {
-                        Ok(commit) => {
+                        Ok(completed) => {
+                            let commit = completed.commit;
                             tracing::warn!(workspace, run = %manifest.run_id, %commit, "completed an interrupted run");
                             report.push(format!("{workspace}: completed {}", manifest.run_id));
                         }

@@ -219,6 +219,7 @@ pub fn ensure_caught_up(store: &Store, workspace: &str) -> ToolResult<()> {
 /// found in a workspace that was indexed before are recorded as outside edits.
 pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
     let root = store.workspace_dir(workspace);
+    let head = head_commit(store, workspace);
     // Walk and stat without the index lock: at 100k files this is most of a scan, and
     // writes need the lock to index their page. Whatever looks changed or removed is
     // checked again under the lock, when writes cannot move it.
@@ -297,7 +298,7 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
                 } else {
                     "outside_edit"
                 };
-                record_outside(&transaction, workspace, op, relative)?;
+                record_outside(&transaction, workspace, op, relative, head.as_deref())?;
             }
         }
         transaction.commit()?;
@@ -309,7 +310,13 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
             notify.push(relative.clone());
             result.removed += 1;
             if relative.starts_with("wiki/") {
-                record_outside(&transaction, workspace, "outside_delete", relative)?;
+                record_outside(
+                    &transaction,
+                    workspace,
+                    "outside_delete",
+                    relative,
+                    head.as_deref(),
+                )?;
             }
         }
         transaction.commit()?;
@@ -332,6 +339,7 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
     let transaction = connection.transaction()?;
     let root = store.workspace_dir(workspace);
     let mut notify = Vec::new();
+    let head = head_commit(store, workspace);
     for relative in relatives {
         let absolute = root.join(relative);
         let known = lookup(&transaction, workspace, relative)?;
@@ -348,7 +356,7 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
                     } else {
                         "outside_edit"
                     };
-                    record_outside(&transaction, workspace, op, relative)?;
+                    record_outside(&transaction, workspace, op, relative, head.as_deref())?;
                 }
             }
             Ok(_) => {}
@@ -357,7 +365,13 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
                     remove_file(&transaction, workspace, relative)?;
                     notify.push(relative);
                     if relative.starts_with("wiki/") {
-                        record_outside(&transaction, workspace, "outside_delete", relative)?;
+                        record_outside(
+                            &transaction,
+                            workspace,
+                            "outside_delete",
+                            relative,
+                            head.as_deref(),
+                        )?;
                     }
                 }
             }
@@ -370,16 +384,31 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
     Ok(())
 }
 
+/// HEAD's commit: for an outside edit found now, the commit that still holds the text
+/// from before it (every acknowledged write is committed).
+fn head_commit(store: &Store, workspace: &str) -> Option<String> {
+    let root = store.workspace_dir(workspace);
+    store
+        .state(workspace)
+        .with_repo(&root, |repo| {
+            repo.head()
+                .and_then(|h| h.peel_to_commit())
+                .map(|c| c.id().to_string())
+        })
+        .ok()
+}
+
 fn record_outside(
     connection: &Connection,
     workspace: &str,
     op: &str,
     path: &str,
+    previous_commit: Option<&str>,
 ) -> ToolResult<()> {
     connection.execute(
-        "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin)
-         VALUES (?1, ?2, NULL, ?3, ?4, 'changed outside alexandria (editor, git pull …)', 'outside')",
-        params![now_ms(), workspace, op, path],
+        "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, previous_commit)
+         VALUES (?1, ?2, NULL, ?3, ?4, 'changed outside alexandria (editor, git pull …)', 'outside', ?5)",
+        params![now_ms(), workspace, op, path, previous_commit],
     )?;
     Ok(())
 }

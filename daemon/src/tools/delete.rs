@@ -60,6 +60,8 @@ pub fn delete(
         new_rev: None,
         trash_path: Some(trash_path.clone()),
         summary: format!("delete {path} (kept in {trash_path})"),
+        old_str: None,
+        pinned_base: false,
     };
     fs::create_dir_all(&dir).map_err(|e| io_error("staging the delete", e))?;
     let cleanup = RunDirCleanup(dir.clone());
@@ -72,7 +74,7 @@ pub fn delete(
     manifest.old_rev = Some(revision(&current));
     manifest.state = RunState::Prepared;
     save_manifest(&dir, &manifest)?;
-    let commit = finish(store, &manifest, lock, cleanup)?;
+    let commit = finish(store, &manifest, lock, cleanup)?.commit;
     Ok(ToolOutput {
         text: format!("deleted {path}; a copy is kept in {trash_path} (run {run_id})"),
         structured: json!({

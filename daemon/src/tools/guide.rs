@@ -12,7 +12,7 @@ use super::params::iso_time;
 use super::{ToolOutput, resolve_workspace};
 use crate::error::ToolResult;
 use crate::index::{self};
-use crate::workspace::Store;
+use crate::workspace::{Store, git};
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +99,8 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
                 "Workspace '{slug}' ({mode} session): {} wiki pages, {} raw sources, {pending} pending subscription items.",
                 counts.wiki, counts.raw
             );
+            let git = git_status(store, &slug);
+            text.push_str(&git.0);
             if history.is_empty() {
                 text.push_str("Recent history: none yet.\n");
             } else {
@@ -135,6 +137,7 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
                     "recent_history": history,
                     "uncited_sources": counts.uncited,
                     "schema_page": "wiki/SCHEMA.md",
+                    "git": git.1,
                 }),
                 images: Vec::new(),
             })
@@ -151,4 +154,37 @@ fn last_change(connection: &rusqlite::Connection, slug: &str) -> ToolResult<Opti
             |row| Ok((row.get(0)?, row.get(1)?)),
         )
         .optional()?)
+}
+
+/// The workspace repository's branch and state, as a line of text and as JSON: writes
+/// go to the checked-out branch, and are refused while a person is in the middle of a
+/// merge, rebase … or on a detached HEAD.
+fn git_status(store: &Store, slug: &str) -> (String, Value) {
+    let root = store.workspace_dir(slug);
+    let found = store.state(slug).with_repo(&root, |repo| {
+        Ok::<_, git2::Error>((git::branch(repo), git::GitState::of(repo)))
+    });
+    let Ok((branch, state)) = found else {
+        return (
+            "Git: the repository cannot be read.\n".into(),
+            json!({"state": "unreadable", "writable": false}),
+        );
+    };
+    let writable = state == git::GitState::Clean;
+    let line = if writable {
+        format!(
+            "Git: writes are committed to branch '{}'.\n",
+            branch.as_deref().unwrap_or("?")
+        )
+    } else {
+        format!(
+            "Git: {}; writes are refused (repository_in_use) until the user finishes it: {}. Reads work.\n",
+            state.describe(),
+            state.how_to_finish()
+        )
+    };
+    (
+        line,
+        json!({"branch": branch, "state": state.name(), "writable": writable}),
+    )
 }

@@ -66,7 +66,7 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
     let offset = crate::tools::params::parse_cursor(params.cursor.as_deref())?;
     let connection = store.pool.get()?;
     let mut statement = connection.prepare_cached(
-        "SELECT ts, op, path, run_id, summary, origin FROM wiki_log_entries
+        "SELECT ts, op, path, run_id, summary, origin, commit_id, previous_commit FROM wiki_log_entries
          WHERE workspace = ?1 AND (?2 IS NULL OR ts >= ?2) AND (?3 IS NULL OR ts < ?3)
            AND (?4 IS NULL OR op = ?4) AND (?5 IS NULL OR run_id = ?5)
          ORDER BY ts DESC, id DESC",
@@ -95,6 +95,8 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
             "run_id": row.get::<_, Option<String>>(3)?,
             "summary": row.get::<_, Option<String>>(4)?,
             "origin": row.get::<_, String>(5)?,
+            "commit": row.get::<_, Option<String>>(6)?,
+            "previous_commit": row.get::<_, Option<String>>(7)?,
         }));
     }
     let next_cursor = more.then(|| (offset + entries.len()).to_string());
@@ -103,8 +105,9 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
         entries.len()
     );
     for entry in &entries {
+        let short = |key: &str| entry[key].as_str().map(|c| &c[..c.len().min(12)]);
         text.push_str(&format!(
-            "- {} {} {} [{}{}]\n",
+            "- {} {} {} [{}{}{}]{}\n",
             entry["ts"].as_str().unwrap_or(""),
             entry["op"].as_str().unwrap_or(""),
             entry["path"].as_str().unwrap_or(""),
@@ -112,6 +115,15 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
             entry["run_id"]
                 .as_str()
                 .map(|r| format!(", {r}"))
+                .unwrap_or_default(),
+            short("commit")
+                .map(|c| format!(", commit {c}"))
+                .unwrap_or_default(),
+            short("previous_commit")
+                .map(|c| format!(
+                    "; the text before is in commit {c} (`git show {c}:{}`)",
+                    entry["path"].as_str().unwrap_or("")
+                ))
                 .unwrap_or_default(),
         ));
     }

@@ -11,9 +11,10 @@ use serde_json::json;
 
 use super::{Caller, wiki_target};
 use super::{ToolOutput, resolve_workspace};
+pub use crate::commit::MAX_PAGE_BYTES;
 use crate::commit::{
-    Manifest, RunDirCleanup, RunState, finish, io_error, lock_workspace, new_run_id, read_current,
-    run_dir, save_manifest, write_durably,
+    Manifest, RunDirCleanup, RunState, apply_command, finish, io_error, lock_workspace, new_run_id,
+    read_current, run_dir, save_manifest, write_durably,
 };
 use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
@@ -22,9 +23,6 @@ use crate::index::extract::Kind;
 use crate::index::markdown;
 use crate::index::{self};
 use crate::workspace::{Store, names, revision};
-
-/// Largest page a write may produce.
-pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -237,6 +235,8 @@ pub fn write(
         new_rev: None,
         trash_path: None,
         summary: String::new(),
+        old_str: params.old_str.clone(),
+        pinned_base: false,
     };
     fs::create_dir_all(dir.join("staged")).map_err(|e| io_error("staging the write", e))?;
     let cleanup = RunDirCleanup(dir.clone());
@@ -251,11 +251,12 @@ pub fn write(
     crash_point("after_lock");
     let current = read_current(&absolute)?;
     let current_rev = current.as_deref().map(revision);
-    if let Some(base) = params
+    let base_rev = params
         .base_rev
         .as_deref()
         .map(str::trim)
-        .filter(|b| !b.is_empty())
+        .filter(|b| !b.is_empty());
+    if let Some(base) = base_rev
         && current_rev.as_deref() != Some(base)
         && !current_rev
             .as_deref()
@@ -271,54 +272,24 @@ pub fn write(
         )
         .with_detail("current_rev", current_rev.clone()));
     }
+    if command == WriteCommand::Create && current.is_none() {
+        refuse_name_collision(store, &workspace, &path)?;
+    }
     let current_text = current.as_deref().map(String::from_utf8_lossy);
-    let new_text = match (command, current_text) {
-        (WriteCommand::Create, Some(_)) => {
-            return Err(ToolError::invalid_argument(
-                format!("{path} already exists"),
-                "read it, then use str_replace or append to change it (create never overwrites)",
-            )
-            .with_detail("rev", current_rev.clone()));
+    let new_text = apply_command(
+        command_name,
+        &path,
+        current_text.as_deref(),
+        &payload,
+        params.old_str.as_deref(),
+    )
+    .map_err(|e| {
+        if command == WriteCommand::Create && e.code == ErrorCode::InvalidArgument {
+            e.with_detail("rev", current_rev.clone())
+        } else {
+            e
         }
-        (WriteCommand::Create, None) => {
-            refuse_name_collision(store, &workspace, &path)?;
-            payload.clone()
-        }
-        (_, None) => return Err(ToolError::not_found(&path)),
-        (WriteCommand::Append, Some(text)) => {
-            let mut text = text.into_owned();
-            if !text.is_empty() && !text.ends_with('\n') {
-                text.push('\n');
-            }
-            text.push_str(&payload);
-            if !text.ends_with('\n') {
-                text.push('\n');
-            }
-            text
-        }
-        (WriteCommand::StrReplace, Some(text)) => {
-            let old = params.old_str.as_deref().unwrap_or_default();
-            let count = text.matches(old).count();
-            match count {
-                0 => {
-                    return Err(ToolError::new(
-                        ErrorCode::NoMatch,
-                        format!("old_str does not occur in {path}"),
-                        "read the page again and copy the exact text (whitespace included)",
-                    ));
-                }
-                1 => text.replacen(old, &payload, 1),
-                n => {
-                    return Err(ToolError::new(
-                        ErrorCode::AmbiguousMatch,
-                        format!("old_str occurs {n} times in {path}"),
-                        "include more surrounding text in old_str so it occurs exactly once",
-                    )
-                    .with_detail("occurrences", n));
-                }
-            }
-        }
-    };
+    })?;
     if new_text.len() > MAX_PAGE_BYTES {
         return Err(ToolError::new(
             ErrorCode::TooLarge,
@@ -336,9 +307,20 @@ pub fn write(
     manifest.old_rev = current_rev;
     manifest.new_rev = Some(new_rev.clone());
     manifest.summary = format!("{command_name} {path}");
+    manifest.pinned_base = base_rev.is_some();
     save_manifest(&dir, &manifest)?;
-    let commit = finish(store, &manifest, lock, cleanup)?;
-    let title = markdown::title(&new_text);
+    let completed = finish(store, &manifest, lock, cleanup)?;
+    let commit = completed.commit;
+    // An outside save found when the page was swapped in: the write was applied on
+    // top of it, so the page's text is not `new_text`.
+    let new_rev = completed.rev.unwrap_or(new_rev);
+    let title = if Some(new_rev.as_str()) == manifest.new_rev.as_deref() {
+        markdown::title(&new_text)
+    } else {
+        fs::read_to_string(&absolute)
+            .ok()
+            .and_then(|t| markdown::title(&t))
+    };
     Ok(ToolOutput {
         text: format!(
             "{command_name}: {path} is now at rev {new_rev} (run {run_id}, commit {})",

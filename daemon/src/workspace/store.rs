@@ -54,28 +54,15 @@ pub struct WorkspaceState {
     pub caught_up: std::sync::atomic::AtomicBool,
     /// The workspace's repository, opened once (opening re-reads git's config files).
     repo: Mutex<Option<git2::Repository>>,
-    /// Paths committed but not yet updated in git's index file (see `git.rs`).
-    pending_index: Mutex<Vec<String>>,
 }
 
 impl WorkspaceState {
-    pub fn index_pending(&self, path: &str) {
-        self.pending_index
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(path.to_string());
-    }
-
-    pub fn take_index_pending(&self) -> Vec<String> {
-        std::mem::take(&mut *self.pending_index.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
     /// Run `f` with the workspace's open repository.
-    pub fn with_repo<T>(
+    pub fn with_repo<T, E: From<git2::Error>>(
         &self,
         root: &Path,
-        f: impl FnOnce(&git2::Repository) -> Result<T, git2::Error>,
-    ) -> Result<T, git2::Error> {
+        f: impl FnOnce(&git2::Repository) -> Result<T, E>,
+    ) -> Result<T, E> {
         let mut slot = self.repo.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             *slot = Some(git2::Repository::open(root)?);
@@ -168,42 +155,6 @@ impl Store {
         states.remove(slug);
     }
 
-    /// Bring git's index file up to date with the commits made since the last call,
-    /// for every workspace (under each workspace's lock).
-    pub fn sync_git_indexes(&self) {
-        let states: Vec<(String, Arc<WorkspaceState>)> = self
-            .states
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(slug, state)| (slug.clone(), Arc::clone(state)))
-            .collect();
-        for (slug, state) in states {
-            let root = self.workspace_dir(&slug);
-            let Ok(_lock) = state.lock.acquire(
-                &root.join(".lock"),
-                "git-index-sync",
-                std::time::Duration::from_millis(200),
-            ) else {
-                continue; // busy writing: next round
-            };
-            let mut paths = state.take_index_pending();
-            if paths.is_empty() {
-                continue;
-            }
-            paths.sort();
-            paths.dedup();
-            if let Err(error) = state.with_repo(&root, |repo| {
-                crate::workspace::git::sync_index(repo, &root, &paths)
-            }) {
-                tracing::warn!(workspace = %slug, %error, "cannot update git's index");
-                for path in paths {
-                    state.index_pending(&path);
-                }
-            }
-        }
-    }
-
     /// Slugs of every workspace (directories under `workspaces/` holding a git repo).
     pub fn list_workspaces(&self) -> Vec<String> {
         let mut slugs: Vec<String> = fs::read_dir(self.home.workspaces_dir())
@@ -260,7 +211,11 @@ impl Store {
                 "pick another slug, or use the existing workspace",
             ));
         }
-        let result = create_workspace_at(&dir, &self.home.templates_dir());
+        let result = create_workspace_at(
+            &dir,
+            &self.home.templates_dir(),
+            &self.config.git.default_branch,
+        );
         if let Err(error) = result {
             // Leave nothing half-made behind.
             let _ = fs::remove_dir_all(&dir);
@@ -377,7 +332,13 @@ pub fn ensure_layout(home: &Home) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn create_workspace_at(dir: &Path, templates: &Path) -> Result<(), StoreError> {
+fn create_workspace_at(dir: &Path, templates: &Path, branch: &str) -> Result<(), StoreError> {
+    let head = format!("refs/heads/{branch}");
+    if !git2::Reference::is_valid_name(&head) {
+        return Err(StoreError::Git(git2::Error::from_str(&format!(
+            "config.toml [git] default_branch = {branch:?} is not a valid branch name"
+        ))));
+    }
     for sub in ["raw", "wiki", "runs", ".trash"] {
         create_dir(&dir.join(sub), 0o755)?;
     }
@@ -388,7 +349,8 @@ fn create_workspace_at(dir: &Path, templates: &Path) -> Result<(), StoreError> {
     }
     write_new(&dir.join("raw/.gitkeep"), "")?;
     write_new(&dir.join(".gitignore"), WORKSPACE_GITIGNORE)?;
-    let repo = git2::Repository::init(dir)?;
+    let repo =
+        git2::Repository::init_opts(dir, git2::RepositoryInitOptions::new().initial_head(branch))?;
     let mut index = repo.index()?;
     index.add_all(["*"].iter(), git2::IndexAddOption::DEFAULT, None)?;
     index.write()?;

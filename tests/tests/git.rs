@@ -1,0 +1,444 @@
+//! End-to-end tests of people using git by hand in a workspace while agents write
+//! (issue 16): hand commits, `git add`, stash, `commit -a`, a detached HEAD, a merge
+//! left in progress, a branch switched by hand, someone else's `index.lock`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use alexandria_tests::{Env, call, error_code, text_of};
+use serde_json::json;
+
+/// Run git in `dir` as a person would (own name, no user or system config).
+fn git_output(dir: &Path, args: &[&str]) -> Output {
+    Command::new("git")
+        .args(["-c", "user.name=Hand", "-c", "user.email=hand@example.com"])
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_INDEX_FILE")
+        .output()
+        .expect("git")
+}
+
+/// Run git; it must succeed. A person whose command meets the daemon's brief hold on
+/// `.git/index.lock` (git says so; `stash` says "could not write index"), or whose
+/// `commit` finds that HEAD moved since it started ("cannot lock ref"), runs it again,
+/// and so does this (for up to 10 s). Nothing is lost either way.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let output = git_output(dir, args);
+        if output.status.success() {
+            return String::from_utf8_lossy(&output.stdout).into_owned();
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // git stash says "could not write index" when it meets the lock.
+        let locked = stderr.contains("index.lock")
+            || stderr.contains("could not write index")
+            || stderr.contains("cannot lock ref");
+        if locked && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        panic!("git {args:?}: {stderr}");
+    }
+}
+
+fn lab_env(env: Env) -> Env {
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    env.ingest(
+        "lab",
+        &[
+            ("zephyr-notes.md", b"# Zephyr\n\nwind notes\n"),
+            ("tide.md", b"# Tide\n"),
+            ("moon.md", b"# Moon\n"),
+            ("red-square.png", alexandria_tests::TINY_PNG),
+        ],
+    );
+    env
+}
+
+/// Paths a commit deleted, over the whole history of HEAD.
+fn deletions(root: &Path) -> String {
+    git(
+        root,
+        &[
+            "log",
+            "--diff-filter=D",
+            "--name-only",
+            "--format=commit %h %s",
+        ],
+    )
+}
+
+/// The blob id of `path` in HEAD.
+fn head_rev(root: &Path, path: &str) -> Option<String> {
+    let output = git_output(root, &["rev-parse", &format!("HEAD:{path}")]);
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+fn porcelain(root: &Path) -> BTreeSet<String> {
+    git(root, &["status", "--porcelain", "--untracked-files=all"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every acknowledged page is in HEAD at its acknowledged rev (or, for the shared page,
+/// holds every acknowledged line), and every raw source is in HEAD.
+fn check_head(root: &Path, created: &[(String, String)], appended: &[String]) {
+    let mut missing = Vec::new();
+    for (path, rev) in created {
+        if head_rev(root, path).as_deref() != Some(rev.as_str()) {
+            missing.push(path.clone());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged pages not in HEAD: {missing:?}",
+        missing.len(),
+        created.len()
+    );
+    let shared = git(root, &["show", "HEAD:wiki/shared.md"]);
+    for line in appended {
+        assert!(shared.contains(line.as_str()), "{line} missing from HEAD");
+    }
+    for raw in [
+        "raw/zephyr-notes.md",
+        "raw/tide.md",
+        "raw/moon.md",
+        "raw/red-square.png",
+    ] {
+        assert!(head_rev(root, raw).is_some(), "{raw} missing from HEAD");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_commits_stash_and_commit_all_between_agent_writes_lose_nothing() -> anyhow::Result<()>
+{
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    let shared = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/shared.md", "content": "# Shared\n"}),
+    )
+    .await?;
+    assert!(error_code(&shared).is_none(), "{shared}");
+
+    // Three agent sessions write at once: creates, and appends to one shared page.
+    let mut writers = Vec::new();
+    for session in 0..3 {
+        let client = env.client(Some("lab")).await?;
+        writers.push(tokio::spawn(async move {
+            let mut created = Vec::new();
+            let mut appended = Vec::new();
+            for n in 0..20 {
+                let path = format!("wiki/ag{session}/{n}.md");
+                let result = call(
+                    &client,
+                    "write",
+                    json!({"command": "create", "path": path, "content": format!("# A {session} {n}\n")}),
+                )
+                .await?;
+                anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
+                let rev = result["structuredContent"]["rev"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                created.push((path, rev));
+                let line = format!("- line s{session}n{n}end");
+                let result = call(
+                    &client,
+                    "write",
+                    json!({"command": "append", "path": "wiki/shared.md", "content": line}),
+                )
+                .await?;
+                anyhow::ensure!(error_code(&result).is_none(), "append failed: {result}");
+                appended.push(line);
+            }
+            client.cancel().await?;
+            anyhow::Ok((created, appended))
+        }));
+    }
+
+    // Meanwhile, a person works in the repository.
+    let person_root = root.clone();
+    let person = tokio::task::spawn_blocking(move || {
+        let root = person_root;
+        for n in 0..6 {
+            // A commit by hand of one new file.
+            std::fs::write(root.join(format!("wiki/hand{n}.md")), format!("hand {n}\n"))?;
+            git(&root, &["add", &format!("wiki/hand{n}.md")]);
+            git(&root, &["commit", "-q", "-m", &format!("hand {n}")]);
+            // Stash an edit of their own page and bring it back.
+            std::fs::write(root.join("wiki/hand0.md"), format!("hand 0, edit {n}\n"))?;
+            git(&root, &["stash", "-q"]);
+            git(&root, &["stash", "pop", "-q"]);
+            // Commit everything tracked that they changed.
+            git(
+                &root,
+                &["commit", "-q", "-a", "-m", &format!("commit -a {n}")],
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Something unrelated staged and left uncommitted, and an untracked file.
+        std::fs::write(root.join("notes.txt"), "my notes\n")?;
+        git(&root, &["add", "notes.txt"]);
+        std::fs::write(root.join("scratch.txt"), "scratch\n")?;
+        anyhow::Ok(())
+    });
+
+    let mut created = Vec::new();
+    let mut appended = Vec::new();
+    for writer in writers {
+        let (c, a) = writer.await??;
+        created.extend(c);
+        appended.extend(a);
+    }
+    person.await??;
+
+    check_head(&root, &created, &appended);
+    // Only the person's own changes show, at once (no waiting for a background sync).
+    assert_eq!(
+        porcelain(&root),
+        BTreeSet::from(["A  notes.txt".to_string(), "?? scratch.txt".to_string()])
+    );
+    // A plain commit by hand now records exactly the staged file.
+    git(&root, &["commit", "-q", "-m", "my notes"]);
+    let stat = git(&root, &["show", "--name-status", "--format=", "HEAD"]);
+    assert_eq!(stat.trim(), "A\tnotes.txt");
+    check_head(&root, &created, &appended);
+    let deleted = deletions(&root);
+    assert!(
+        deleted.trim().is_empty(),
+        "commits deleted paths:\n{deleted}"
+    );
+    git(&root, &["fsck", "--no-progress"]);
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_workspaces_start_on_main_and_a_switched_branch_is_followed() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    assert_eq!(
+        git(&root, &["symbolic-ref", "HEAD"]).trim(),
+        "refs/heads/main"
+    );
+    let client = env.client(Some("lab")).await?;
+    git(&root, &["switch", "-q", "-c", "topic"]);
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/on-topic.md", "content": "# T\n"}),
+    )
+    .await?;
+    assert!(error_code(&result).is_none(), "{result}");
+    let rev = result["structuredContent"]["rev"].as_str().unwrap_or("");
+    assert_eq!(
+        git(&root, &["rev-parse", "topic:wiki/on-topic.md"]).trim(),
+        rev
+    );
+    assert!(
+        !git_output(&root, &["rev-parse", "main:wiki/on-topic.md"])
+            .status
+            .success()
+    );
+    let guide = call(&client, "guide", json!({})).await?;
+    assert!(text_of(&guide).contains("topic"), "{}", text_of(&guide));
+    assert_eq!(guide["structuredContent"]["git"]["branch"], "topic");
+    client.cancel().await?;
+
+    // The branch of new workspaces is configurable.
+    let other = Env::new();
+    std::fs::create_dir_all(&other.home)?;
+    std::fs::write(
+        other.home.join("config.toml"),
+        "[git]\ndefault_branch = \"trunk\"\n",
+    )?;
+    other.ok(&["init"]);
+    other.ok(&["workspace", "create", "t"]);
+    assert_eq!(
+        git(&other.workspace_dir("t"), &["symbolic-ref", "HEAD"]).trim(),
+        "refs/heads/trunk"
+    );
+    Ok(())
+}
+
+/// A write and an ingest are refused naming `state` and `how`; reads and guide work.
+async fn refused_while(
+    env: &Env,
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    state: &str,
+    how: &str,
+) -> anyhow::Result<()> {
+    let root = env.workspace_dir("lab");
+    let head_before = git(&root, &["rev-parse", "HEAD"]);
+    let result = call(
+        client,
+        "write",
+        json!({"command": "create", "path": "wiki/refused.md", "content": "# R\n"}),
+    )
+    .await?;
+    assert_eq!(error_code(&result), Some("repository_in_use"), "{result}");
+    let error = &result["structuredContent"]["error"];
+    assert_eq!(error["git_state"], state, "{result}");
+    let message = format!("{} {}", error["message"], error["hint"]);
+    assert!(message.contains(how), "{how} not in {message}");
+    assert!(!root.join("wiki/refused.md").exists());
+    let append = call(
+        client,
+        "write",
+        json!({"command": "append", "path": "wiki/index.md", "content": "x"}),
+    )
+    .await?;
+    assert_eq!(error_code(&append), Some("repository_in_use"), "{append}");
+    let delete = call(client, "delete", json!({"path": "wiki/keep.md"})).await?;
+    assert_eq!(error_code(&delete), Some("repository_in_use"), "{delete}");
+    assert_eq!(git(&root, &["rev-parse", "HEAD"]), head_before);
+
+    let read = call(client, "read", json!({"path": "wiki/keep.md"})).await?;
+    assert!(error_code(&read).is_none(), "{read}");
+    let guide = call(client, "guide", json!({})).await?;
+    assert!(error_code(&guide).is_none(), "{guide}");
+    assert_eq!(guide["structuredContent"]["git"]["state"], state, "{guide}");
+    assert!(text_of(&guide).contains(how), "{}", text_of(&guide));
+
+    let scratch = env.dir.path().join("new-source.md");
+    std::fs::write(&scratch, "# New\n")?;
+    let ingest = env.run(&["ingest", "lab", &scratch.display().to_string()]);
+    assert!(!ingest.status.success());
+    let said = String::from_utf8_lossy(&ingest.stderr);
+    assert!(
+        said.contains("repository_in_use") || said.contains(how),
+        "{said}"
+    );
+    assert!(!root.join("raw/new-source.md").exists());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_refused_on_a_detached_head_and_in_a_merge() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    for (path, content) in [
+        ("wiki/keep.md", "# Keep\n"),
+        ("wiki/conf.md", "# Conf\n\nbase\n"),
+    ] {
+        let result = call(
+            &client,
+            "write",
+            json!({"command": "create", "path": path, "content": content}),
+        )
+        .await?;
+        assert!(error_code(&result).is_none(), "{result}");
+    }
+
+    // Looking at an old state.
+    git(&root, &["checkout", "-q", "HEAD~1"]);
+    refused_while(&env, &client, "detached_head", "git switch").await?;
+    git(&root, &["switch", "-q", "main"]);
+    let ok = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": "wiki/keep.md", "content": "after detach"}),
+    )
+    .await?;
+    assert!(error_code(&ok).is_none(), "{ok}");
+
+    // A merge with a conflict, left in progress.
+    git(&root, &["switch", "-q", "-c", "side"]);
+    std::fs::write(root.join("wiki/conf.md"), "# Conf\n\nside\n")?;
+    git(&root, &["commit", "-q", "-am", "side"]);
+    git(&root, &["switch", "-q", "main"]);
+    std::fs::write(root.join("wiki/conf.md"), "# Conf\n\nmain\n")?;
+    git(&root, &["commit", "-q", "-am", "main"]);
+    let merge = git_output(&root, &["merge", "side"]);
+    assert!(!merge.status.success(), "the merge must stop on a conflict");
+    assert!(root.join(".git/MERGE_HEAD").exists());
+    refused_while(&env, &client, "merge", "git merge --continue").await?;
+    git(&root, &["merge", "--abort"]);
+    let ok = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": "wiki/keep.md", "content": "after merge"}),
+    )
+    .await?;
+    assert!(error_code(&ok).is_none(), "{ok}");
+    let guide = call(&client, "guide", json!({})).await?;
+    assert_eq!(guide["structuredContent"]["git"]["state"], "clean");
+    assert_eq!(guide["structuredContent"]["git"]["branch"], "main");
+    assert!(porcelain(&root).is_empty(), "{:?}", porcelain(&root));
+    client.cancel().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn someone_elses_index_lock_is_waited_for_and_never_clobbered() -> anyhow::Result<()> {
+    let env = Env::new();
+    std::fs::create_dir_all(&env.home)?;
+    std::fs::write(
+        env.home.join("config.toml"),
+        "[write]\nlock_timeout_secs = 1.0\n",
+    )?;
+    let env = lab_env(env);
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    let lock = root.join(".git/index.lock");
+
+    // Held for a moment: the write waits and goes through.
+    std::fs::write(&lock, "someone else's")?;
+    let release: PathBuf = lock.clone();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = std::fs::remove_file(release);
+    });
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/g.md", "content": "# G\n"}),
+    )
+    .await?;
+    releaser.join().expect("releaser");
+    assert!(error_code(&result).is_none(), "{result}");
+    assert!(porcelain(&root).is_empty(), "{:?}", porcelain(&root));
+
+    // Held for good (a stuck git): workspace_busy naming the lock; nothing changed,
+    // and the lock is left alone.
+    std::fs::write(&lock, "someone else's")?;
+    let head = git_output(&root, &["rev-parse", "HEAD"]).stdout;
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/h.md", "content": "# H\n"}),
+    )
+    .await?;
+    assert_eq!(error_code(&result), Some("workspace_busy"), "{result}");
+    assert!(text_of(&result).contains("index.lock"), "{result}");
+    assert!(!root.join("wiki/h.md").exists());
+    assert_eq!(git_output(&root, &["rev-parse", "HEAD"]).stdout, head);
+    assert_eq!(std::fs::read_to_string(&lock)?, "someone else's");
+    std::fs::remove_file(&lock)?;
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/h.md", "content": "# H\n"}),
+    )
+    .await?;
+    assert!(error_code(&result).is_none(), "{result}");
+    assert!(porcelain(&root).is_empty(), "{:?}", porcelain(&root));
+    client.cancel().await?;
+    Ok(())
+}
