@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run real third-party MCP clients against alexandria: the official Python SDK and
-# TypeScript SDK over the stdio shim and over HTTP, and the official conformance
-# suite against /mcp/<slug>. Builds nothing: it expects target/debug/alexandria and
+# TypeScript SDK over the stdio shim and over HTTP, the official conformance suite
+# against /mcp/<slug>, and the Python SDK's OAuth client against remote access. Builds nothing: it expects target/debug/alexandria and
 # alexandriad (`cargo build --workspace`) and the clients from scripts/interop-setup.sh.
 # Prints one PASS/FAIL line per check and ends with `N passed, M failed`.
 set -uo pipefail
@@ -94,6 +94,19 @@ check "typescript resources http /mcp" "$node" ts_resources.mjs http "$url/mcp"
 for scenario in server-initialize ping tools-list server-sse-multiple-streams dns-rebinding-protection; do
     check "conformance $scenario /mcp/global" "$node" "$conformance" server --url "$url/mcp/global" --scenario "$scenario"
 done
+
+# Remote access: the Python SDK's OAuth client (dynamic registration, consent page with
+# a pairing code, PKCE, audience-bound token) against the daemon's own loopback URL as
+# the public URL. Last, because remote access makes every HTTP request need a token.
+"$bin/alexandria" workspace create other >/dev/null
+if "$bin/alexandria" remote enable --public-url "$url" >"$logs/remote.log" 2>&1; then
+    check "python oauth /mcp/global" "$python" python_oauth.py --url "$url/mcp/global" --alexandria "$bin/alexandria"
+    check "python oauth legacy /mcp/global" "$python" python_oauth.py --url "$url/mcp/global" --alexandria "$bin/alexandria" --mode legacy
+else
+    failed=$((failed + 1))
+    echo "FAIL remote enable"
+    sed 's/^/    /' "$logs/remote.log"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

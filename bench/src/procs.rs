@@ -88,6 +88,8 @@ impl Home {
         command
             .env("ALEXANDRIA_HOME", &self.root)
             .env("ALEXANDRIAD", &self.binaries.daemon)
+            // A free port, not the fixed default: benchmarks may run beside a daemon.
+            .env("ALEXANDRIA_HTTP_PORT", "0")
             .env("GIT_CONFIG_NOSYSTEM", "1")
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
             .env_remove("ALEXANDRIA_LOG")

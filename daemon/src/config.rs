@@ -11,14 +11,29 @@ pub const DEFAULT_CONFIG: &str = r#"# alexandria daemon configuration. Restart t
 [http]
 # Address of the Streamable HTTP endpoint (/mcp and /mcp/<slug>).
 bind = "127.0.0.1"
-# 0 picks a free port; `alexandria daemon status` shows the bound address.
-port = 0
+# A fixed port, so URLs given to clients and tunnels survive restarts (`--port`
+# overrides it; 0 picks a free port). `alexandria daemon status` shows the address.
+port = 4747
 # Require a bearer token (`alexandria daemon auth token`) on every HTTP request.
 # Always on once a token has been minted, and mandatory for a non-loopback bind.
 token_required = false
 # Extra Host names to accept besides localhost/127.0.0.1/[::1] (e.g. a tunnel's
 # hostname). Requests naming any other Host or Origin get 403 (DNS rebinding).
 allowed_hosts = []
+# Browser origins (e.g. "http://localhost:6274" for the MCP Inspector) whose CORS
+# preflights are answered; they also pass the Origin check.
+cors_origins = []
+
+[remote]
+# Remote access for Claude.ai, ChatGPT and other cloud MCP clients, through a tunnel
+# that forwards https://<public host> to this daemon. Managed by `alexandria remote
+# enable|disable`; the daemon applies changes at once.
+enabled = false
+# The public HTTPS origin the tunnel serves (https://host[:port]); every URL the
+# daemon advertises is built from it, never from Host or X-Forwarded-* headers.
+public_url = ""
+# Workspaces reachable remotely (empty: all of them).
+workspaces = []
 
 [write]
 # How long a write waits for the workspace lock before answering workspace_busy.
@@ -41,6 +56,16 @@ pub struct Config {
     pub write: WriteConfig,
     pub git: GitConfig,
     pub logs: LogsConfig,
+    pub remote: RemoteConfig,
+}
+
+/// `[remote]`: OAuth-protected access through a tunnel.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct RemoteConfig {
+    pub enabled: bool,
+    pub public_url: String,
+    pub workspaces: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -64,6 +89,7 @@ pub struct HttpConfig {
     pub port: u16,
     pub token_required: bool,
     pub allowed_hosts: Vec<String>,
+    pub cors_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -82,9 +108,10 @@ impl Default for HttpConfig {
     fn default() -> HttpConfig {
         HttpConfig {
             bind: "127.0.0.1".into(),
-            port: 0,
+            port: alexandria_proto::DEFAULT_HTTP_PORT,
             token_required: false,
             allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -115,6 +142,8 @@ pub enum ConfigError {
         path: String,
         source: toml::de::Error,
     },
+    #[error("cannot edit {path}: {reason}")]
+    Edit { path: String, reason: String },
 }
 
 impl Config {
@@ -137,6 +166,44 @@ impl Config {
     }
 }
 
+/// Rewrite `[remote]` in `path`, keeping the rest of the file (comments included).
+pub fn save_remote(path: &Path, remote: &RemoteConfig) -> Result<(), ConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(source) => {
+            return Err(ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            });
+        }
+    };
+    let mut document: toml_edit::DocumentMut =
+        text.parse()
+            .map_err(|e: toml_edit::TomlError| ConfigError::Edit {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+    if !document.contains_table("remote") {
+        document["remote"] = toml_edit::table();
+    }
+    let table = &mut document["remote"];
+    table["enabled"] = toml_edit::value(remote.enabled);
+    table["public_url"] = toml_edit::value(remote.public_url.as_str());
+    let mut workspaces = toml_edit::Array::new();
+    for slug in &remote.workspaces {
+        workspaces.push(slug.as_str());
+    }
+    table["workspaces"] = toml_edit::value(workspaces);
+    let temp = path.with_extension("toml.tmp");
+    std::fs::write(&temp, document.to_string())
+        .and_then(|()| std::fs::rename(&temp, path))
+        .map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +212,9 @@ mod tests {
     fn default_file_parses_to_defaults() {
         let config: Config = toml::from_str(DEFAULT_CONFIG).expect("default config parses");
         assert_eq!(config.http.bind, "127.0.0.1");
+        assert_eq!(config.http.port, alexandria_proto::DEFAULT_HTTP_PORT);
+        assert_eq!(config.http.port, HttpConfig::default().port);
+        assert_eq!(config.remote, RemoteConfig::default());
         assert_eq!(config.write.lock_timeout_secs, 30.0);
         let partial: Config =
             toml::from_str("[write]\nlock_timeout_secs = 2.5\n").expect("partial");
@@ -152,5 +222,29 @@ mod tests {
         assert_eq!(partial.logs.retention_days, 7);
         assert_eq!(config.git.default_branch, "main");
         assert_eq!(partial.git.default_branch, "main");
+    }
+
+    #[test]
+    fn remote_settings_are_saved_keeping_the_rest_of_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, DEFAULT_CONFIG).expect("write");
+        let remote = RemoteConfig {
+            enabled: true,
+            public_url: "https://wiki.example.org".into(),
+            workspaces: vec!["acme".into()],
+        };
+        save_remote(&path, &remote).expect("save");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(
+            text.contains("# Require a bearer token"),
+            "comments survive"
+        );
+        let config = Config::load(&path).expect("load");
+        assert_eq!(config.remote, remote);
+        assert_eq!(config.http.port, alexandria_proto::DEFAULT_HTTP_PORT);
+        let missing = dir.path().join("none.toml");
+        save_remote(&missing, &remote).expect("save into a new file");
+        assert_eq!(Config::load(&missing).expect("load").remote, remote);
     }
 }

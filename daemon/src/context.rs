@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
 use crate::auth::Auth;
+use crate::auth::oauth::OAuthServer;
 use crate::auth::web::WebLogins;
 use crate::mcp::sessions::Sessions;
 use crate::workspace::Store;
@@ -36,10 +37,14 @@ pub struct DaemonContext {
     pub auth: Arc<Auth>,
     /// One-time login tokens and sessions of the web view.
     pub web: Arc<WebLogins>,
-    /// `None` when HTTP could not be bound (the reason is in the daemon log).
+    /// Remote access: the OAuth server and its settings.
+    pub oauth: Arc<OAuthServer>,
+    /// `None` when HTTP could not be bound.
     pub http: Option<HttpInfo>,
     /// Socket requests being worked on, so that shutdown lets them finish.
     pub inflight: Arc<Inflight>,
+    /// Why HTTP is not served (a busy port, …), for `daemon status`.
+    pub http_error: Option<String>,
     pub(crate) shutdown: watch::Sender<bool>,
 }
 
@@ -67,6 +72,8 @@ impl DaemonContext {
             "socket": self.store.home.socket().display().to_string(),
             "socket_note": self.store.home.socket_place().reason(),
             "http": self.http.as_ref().map(HttpInfo::url),
+            "http_error": self.http_error,
+            "remote": self.oauth.remote().map(|r| r.origin),
             "http_tokens": self.auth.tokens_enabled(),
             "sessions": self.sessions.snapshot(),
             "workspaces": self.store.list_workspaces(),

@@ -118,6 +118,39 @@ CREATE INDEX subscription_pending ON subscription_items(workspace, ingested_at);
     // the one that still holds the text from before.
     "ALTER TABLE wiki_log_entries ADD COLUMN commit_id TEXT;
      ALTER TABLE wiki_log_entries ADD COLUMN previous_commit TEXT;",
+    // 4: OAuth for remote access (issue 19): registered clients, grants (one per
+    // consent), refresh tokens (SHA-256 hashes only; a used one is kept to detect reuse).
+    r#"
+CREATE TABLE oauth_clients (
+    client_id TEXT PRIMARY KEY,
+    secret_hash TEXT,
+    auth_method TEXT NOT NULL,
+    name TEXT,
+    redirect_uris TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    last_used_at INTEGER
+);
+CREATE TABLE oauth_grants (
+    id TEXT PRIMARY KEY,
+    client_id TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    workspace TEXT,
+    scope TEXT NOT NULL,
+    redirect_host TEXT,
+    created_at INTEGER NOT NULL,
+    last_used_at INTEGER,
+    revoked_at INTEGER
+);
+CREATE INDEX oauth_grants_client ON oauth_grants(client_id);
+CREATE TABLE oauth_refresh_tokens (
+    token_hash TEXT PRIMARY KEY,
+    grant_id TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    used_at INTEGER
+);
+CREATE INDEX oauth_refresh_grant ON oauth_refresh_tokens(grant_id);
+"#,
 ];
 
 /// Open the pool on `path`, creating the file, and apply pending migrations.

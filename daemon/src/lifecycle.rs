@@ -218,14 +218,28 @@ async fn start(options: &DaemonOptions) -> Result<Started> {
     let address = http::bind_address(http_config, &options.http)?;
     // Refusing an open network bind is fatal; a busy port only costs HTTP, not the
     // socket that every shim needs.
-    let http_listener = match http::bind(address, &auth).await {
-        Ok(listener) => Some(listener),
-        Err(error @ http::HttpError::Listen { .. }) => {
-            tracing::error!(%error, "serving without HTTP");
-            None
+    let (http_listener, http_error) = match http::bind(address, &auth).await {
+        Ok(listener) => (Some(listener), None),
+        Err(http::HttpError::Listen { address, source }) => {
+            let message = if source.kind() == std::io::ErrorKind::AddrInUse {
+                format!(
+                    "cannot listen for HTTP on {address}: the port is taken (another program, or the daemon of another alexandria home). Set `[http] port` in {} or start with --port N",
+                    home.config_file().display()
+                )
+            } else {
+                format!("cannot listen for HTTP on {address}: {source}")
+            };
+            tracing::error!("{message}; serving without HTTP");
+            (None, Some(message))
         }
         Err(error) => return Err(error.into()),
     };
+    let oauth = crate::auth::oauth::OAuthServer::load(
+        store.pool.clone(),
+        home.config_file(),
+        &store.config.remote,
+    )
+    .context("cannot load the remote access settings")?;
     let http = http_listener
         .as_ref()
         .and_then(|l| l.local_addr().ok())
@@ -237,8 +251,10 @@ async fn start(options: &DaemonOptions) -> Result<Started> {
         started: Instant::now(),
         auth: Arc::new(auth),
         web: Arc::default(),
+        oauth: Arc::new(oauth),
         http,
         inflight: Arc::new(Inflight::default()),
+        http_error,
         shutdown,
     });
     Ok(Started {

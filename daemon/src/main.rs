@@ -26,7 +26,7 @@ struct Args {
     /// HTTP bind address (overrides config.toml [http] bind; non-loopback needs tokens)
     #[arg(long, value_name = "ADDR")]
     bind: Option<String>,
-    /// HTTP port (overrides config.toml [http] port; 0 picks a free port)
+    /// HTTP port (overrides config.toml [http] port, default 4747; 0 picks a free port)
     #[arg(long, value_name = "N")]
     port: Option<u16>,
     /// Require a bearer token on every HTTP request (`alexandria daemon auth token`)
@@ -49,7 +49,12 @@ fn main() -> ExitCode {
         spawned: args.spawned,
         http: HttpOverrides {
             bind: args.bind,
-            port: args.port,
+            // ALEXANDRIA_HTTP_PORT: the test harness's way to give every daemon a free port.
+            port: args.port.or_else(|| {
+                std::env::var("ALEXANDRIA_HTTP_PORT")
+                    .ok()
+                    .and_then(|p| p.parse().ok())
+            }),
             token_required: args.token_required,
         },
     }) {

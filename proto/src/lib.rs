@@ -27,6 +27,11 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// The build of the binaries, reported in the handshake and in `--version`.
 pub const BUILD: &str = env!("CARGO_PKG_VERSION");
 
+/// The HTTP port the daemon listens on unless `[http] port` or `--port` says otherwise.
+/// Fixed, so a URL given to a client (or a tunnel) survives a daemon restart; 0 picks
+/// a free port (tests).
+pub const DEFAULT_HTTP_PORT: u16 = 4747;
+
 /// Largest MCP frame the daemon accepts from a client (one JSON-RPC message).
 /// Larger frames are answered with a JSON-RPC error and discarded.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
@@ -147,6 +152,28 @@ pub enum ControlRequest {
     AuthRevoke,
     /// A one-time login URL for the web view.
     WebLogin,
+    /// Turn remote access (OAuth for Claude.ai, ChatGPT, …) on at `public_url`,
+    /// for `workspaces` (empty: every workspace). Written to `config.toml [remote]`.
+    RemoteEnable {
+        public_url: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        workspaces: Vec<String>,
+    },
+    /// Turn remote access off (OAuth tokens stop working at once).
+    RemoteDisable,
+    /// The public URL, workspaces, endpoints, clients and grants.
+    RemoteStatus,
+    /// A one-time pairing code (10 min) for the consent page.
+    RemotePair,
+    /// Registered OAuth clients and their live grants.
+    RemoteClients,
+    /// Revoke a client's grants (and forget the client), or every grant.
+    RemoteRevoke {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_id: Option<String>,
+        #[serde(default)]
+        all: bool,
+    },
 }
 
 /// One line of the daemon's answer to a control request.
@@ -260,6 +287,21 @@ mod tests {
             r#"{"request":"auth_token"}"#,
         );
         round_trip(&ControlRequest::AuthRevoke, r#"{"request":"auth_revoke"}"#);
+        round_trip(
+            &ControlRequest::RemoteEnable {
+                public_url: "https://wiki.example.org".into(),
+                workspaces: vec!["acme".into()],
+            },
+            r#"{"request":"remote_enable","public_url":"https://wiki.example.org","workspaces":["acme"]}"#,
+        );
+        round_trip(
+            &ControlRequest::RemoteRevoke {
+                client_id: None,
+                all: true,
+            },
+            r#"{"request":"remote_revoke","all":true}"#,
+        );
+        round_trip(&ControlRequest::RemotePair, r#"{"request":"remote_pair"}"#);
         round_trip(
             &ControlReply::Progress {
                 done: 1,

@@ -136,7 +136,7 @@ pub struct DaemonArgs {
     /// HTTP bind address (default from config.toml, 127.0.0.1); non-loopback needs tokens
     #[arg(long, value_name = "ADDR")]
     pub bind: Option<String>,
-    /// HTTP port (default from config.toml; 0 picks a free port)
+    /// HTTP port (default from config.toml, 4747; 0 picks a free port)
     #[arg(long, value_name = "N")]
     pub port: Option<u16>,
     /// Require a bearer token on every HTTP request
@@ -252,6 +252,9 @@ pub fn daemon_start(connector: &Connector, args: &DaemonArgs) -> Result<ExitCode
         data["socket"].as_str().unwrap_or("?"),
         data["http"].as_str().unwrap_or("off")
     );
+    if let Some(error) = data["http_error"].as_str() {
+        eprintln!("alexandria: {error}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

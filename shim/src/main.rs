@@ -12,6 +12,7 @@ mod install;
 mod nohome;
 mod progress;
 mod pump;
+mod remote;
 mod web;
 mod workspaces;
 
@@ -79,6 +80,9 @@ enum Command {
         #[arg(long)]
         no_open: bool,
     },
+    /// Remote access for Claude.ai, ChatGPT and other cloud clients (OAuth, through a tunnel)
+    #[command(subcommand)]
+    Remote(remote::RemoteCommand),
     /// Run a scripted agent session (guide, search, read) on a bundled sample workspace
     Demo {
         /// Keep the demo's temporary home instead of deleting it
@@ -220,6 +224,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Workspace(WorkspaceCommand::Info { slug, json }) => {
             workspaces::info(&connector, &slug, json)
         }
+        Command::Remote(command) => remote::run(&connector, command),
         Command::Ingest { workspace, files } => cli::ingest(&connector, &workspace, &files),
         Command::Daemon(DaemonCommand::Start(daemon)) => cli::daemon_start(&connector, &daemon),
         Command::Daemon(DaemonCommand::Stop { timeout }) => {

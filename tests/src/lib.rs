@@ -17,6 +17,8 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
+pub mod http;
+
 /// Path of a workspace binary (`alexandria` or `alexandriad`) in the target directory
 /// the tests were built into.
 pub fn bin_path(name: &str) -> PathBuf {
@@ -56,6 +58,8 @@ pub fn isolate(command: &mut Command, home: &Path) {
     command
         .env("ALEXANDRIA_HOME", home)
         .env("ALEXANDRIAD", bin_path("alexandriad"))
+        // Every test daemon on a free port (the default, 4747, is one per machine).
+        .env("ALEXANDRIA_HTTP_PORT", "0")
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env_remove("ALEXANDRIA_LOG")

@@ -49,11 +49,46 @@ pub enum AuthError {
     Sign(jsonwebtoken::errors::Error),
 }
 
+pub mod oauth;
+
 /// What a valid token allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
     /// `Some(slug)`: only this workspace.
     pub workspace: Option<String>,
+    /// Set for access tokens issued by the OAuth server (`remote`); the HTTP layer
+    /// checks its issuer and audience against the endpoint.
+    pub oauth: Option<OAuthClaims>,
+}
+
+impl Grant {
+    /// A grant with no limits (tokens off, or an unlimited CLI token).
+    pub fn everything() -> Grant {
+        Grant {
+            workspace: None,
+            oauth: None,
+        }
+    }
+}
+
+/// The OAuth part of an access token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OAuthClaims {
+    /// The public origin that issued it.
+    pub iss: String,
+    /// The exact resource URL (`<public>/mcp` or `<public>/mcp/<slug>`).
+    pub aud: String,
+    pub client_id: String,
+    /// Space-separated scopes (`wiki:read`, `wiki:write`).
+    pub scope: String,
+    /// The grant (consent) it belongs to; revoking the grant kills it.
+    pub grant_id: String,
+}
+
+impl OAuthClaims {
+    pub fn has_scope(&self, scope: &str) -> bool {
+        self.scope.split_whitespace().any(|s| s == scope)
+    }
 }
 
 /// Why a request's credentials were refused (the token itself is never kept).
@@ -95,6 +130,17 @@ struct Claims {
     #[serde(rename = "gen")]
     generation: u64,
     jti: String,
+    /// OAuth access tokens only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iss: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sub: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scope: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gid: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -183,6 +229,11 @@ impl Auth {
             ws: workspace.clone(),
             generation: keys.state.generation,
             jti: hex(&id),
+            iss: None,
+            sub: None,
+            client_id: None,
+            scope: None,
+            gid: None,
         };
         let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &keys.encoding)
             .map_err(AuthError::Sign)?;
@@ -191,6 +242,36 @@ impl Auth {
             workspace,
             expires_at,
         })
+    }
+
+    /// Sign an OAuth access token living `ttl_secs`. Creates the key if needed but,
+    /// unlike `mint`, does not turn tokens on for local HTTP clients.
+    pub fn mint_access(&self, claims: &OAuthClaims, ttl_secs: u64) -> Result<String, AuthError> {
+        let mut guard = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(write_keys(&self.dir, &State::default())?);
+        }
+        let keys = guard.as_ref().expect("keys were just created");
+        let now = unix_now();
+        let mut id = [0u8; 16];
+        SystemRandom::new()
+            .fill(&mut id)
+            .map_err(|_| AuthError::Random)?;
+        let claims = Claims {
+            aud: claims.aud.clone(),
+            iat: now,
+            exp: Some(now.saturating_add(ttl_secs)),
+            ws: None,
+            generation: keys.state.generation,
+            jti: hex(&id),
+            iss: Some(claims.iss.clone()),
+            sub: Some(format!("owner@{}", claims.iss)),
+            client_id: Some(claims.client_id.clone()),
+            scope: Some(claims.scope.clone()),
+            gid: Some(claims.grant_id.clone()),
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &keys.encoding)
+            .map_err(AuthError::Sign)
     }
 
     /// Invalidate every token minted so far: a new key and the next generation.
@@ -213,7 +294,9 @@ impl Auth {
             return Err(Refusal::Invalid);
         };
         let mut validation = Validation::new(Algorithm::HS256);
-        validation.set_audience(&[AUDIENCE]);
+        // The audience is checked below: ours for CLI tokens, the exact endpoint URL
+        // (checked by the HTTP layer) for OAuth ones.
+        validation.validate_aud = false;
         validation.set_required_spec_claims(&["aud"]);
         validation.leeway = 5;
         let data = jsonwebtoken::decode::<Claims>(token, &keys.decoding, &validation).map_err(
@@ -222,12 +305,35 @@ impl Auth {
                 _ => Refusal::Invalid,
             },
         )?;
-        if data.claims.generation != keys.state.generation {
+        let claims = data.claims;
+        if claims.generation != keys.state.generation {
             return Err(Refusal::Invalid);
         }
-        Ok(Grant {
-            workspace: data.claims.ws,
-        })
+        if claims.aud == AUDIENCE {
+            return Ok(Grant {
+                workspace: claims.ws,
+                oauth: None,
+            });
+        }
+        match (
+            claims.iss,
+            claims.client_id,
+            claims.scope,
+            claims.gid,
+            claims.exp,
+        ) {
+            (Some(iss), Some(client_id), Some(scope), Some(grant_id), Some(_)) => Ok(Grant {
+                workspace: None,
+                oauth: Some(OAuthClaims {
+                    iss,
+                    aud: claims.aud,
+                    client_id,
+                    scope,
+                    grant_id,
+                }),
+            }),
+            _ => Err(Refusal::Invalid),
+        }
     }
 }
 
@@ -422,11 +528,12 @@ mod tests {
         let open = auth.mint(None, None).expect("mint");
         let limited = auth.mint(Some("acme".into()), Some(3600)).expect("mint");
         assert!(auth.tokens_enabled());
-        assert_eq!(auth.verify(&open.token), Ok(Grant { workspace: None }));
+        assert_eq!(auth.verify(&open.token), Ok(Grant::everything()));
         assert_eq!(
             auth.verify(&limited.token),
             Ok(Grant {
-                workspace: Some("acme".into())
+                workspace: Some("acme".into()),
+                oauth: None,
             })
         );
         // A flipped signature byte, a token from another key, garbage.
@@ -467,6 +574,37 @@ mod tests {
     }
 
     #[test]
+    fn oauth_access_tokens_carry_their_claims_and_do_not_turn_tokens_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let auth = Auth::load(&Home::new(dir.path()), false).expect("load");
+        let claims = OAuthClaims {
+            iss: "https://wiki.example.org".into(),
+            aud: "https://wiki.example.org/mcp/acme".into(),
+            client_id: "c1".into(),
+            scope: "wiki:read".into(),
+            grant_id: "g1".into(),
+        };
+        let token = auth.mint_access(&claims, 3600).expect("mint");
+        assert!(!auth.tokens_enabled());
+        let grant = auth.verify(&token).expect("valid");
+        assert_eq!(grant.oauth, Some(claims.clone()));
+        assert!(
+            grant
+                .oauth
+                .as_ref()
+                .is_some_and(|c| c.has_scope("wiki:read"))
+        );
+        assert!(
+            !grant
+                .oauth
+                .as_ref()
+                .is_some_and(|c| c.has_scope("wiki:write"))
+        );
+        auth.revoke().expect("revoke");
+        assert_eq!(auth.verify(&token), Err(Refusal::Invalid));
+    }
+
+    #[test]
     fn expired_tokens_are_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let auth = Auth::load(&Home::new(dir.path()), true).expect("load");
@@ -484,6 +622,11 @@ mod tests {
             ws: None,
             generation: keys.state.generation,
             jti: "x".into(),
+            iss: None,
+            sub: None,
+            client_id: None,
+            scope: None,
+            gid: None,
         };
         let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &keys.encoding)
             .expect("encode");

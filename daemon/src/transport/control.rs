@@ -127,7 +127,10 @@ fn run(
                     Some(note) => format!("{} ({note})", status["socket"].as_str().unwrap_or("")),
                     None => status["socket"].as_str().unwrap_or("").to_string(),
                 },
-                status["http"].as_str().unwrap_or("off"),
+                status["http"]
+                    .as_str()
+                    .or(status["http_error"].as_str())
+                    .unwrap_or("off"),
                 status["sessions"].as_array().map_or(0, Vec::len),
             );
             for session in status["sessions"].as_array().into_iter().flatten() {
@@ -325,11 +328,219 @@ sources:    {}",
                 json!({"url": url, "expires_in_secs": crate::auth::web::LOGIN_TOKEN_TTL.as_secs()}),
             ))
         }
+        ControlRequest::RemoteEnable {
+            public_url,
+            workspaces,
+        } => remote_enable(context, &public_url, workspaces),
+        ControlRequest::RemoteDisable => {
+            context
+                .oauth
+                .disable()
+                .map_err(|e| ToolError::internal("turning remote access off", e))?;
+            Ok(done(
+                "remote access is off: OAuth tokens stop working now (clients and grants are kept; `alexandria remote revoke --all` forgets them)".into(),
+                json!({"enabled": false}),
+            ))
+        }
+        ControlRequest::RemoteStatus => remote_status(context),
+        ControlRequest::RemotePair => {
+            let Some(remote) = context.oauth.remote() else {
+                return Err(remote_off());
+            };
+            let (code, ttl) = context
+                .oauth
+                .pair()
+                .map_err(|e| ToolError::internal("drawing a pairing code", e))?;
+            let expires = crate::tools::iso_time((crate::db::now_ms() / 1000 + ttl as i64) * 1000);
+            Ok(done(
+                format!(
+                    "{code}\n\nType this code on the consent page that opens when a client (Claude.ai, ChatGPT, …) connects to {}/mcp/<workspace>. It works once, for 10 minutes.",
+                    remote.origin
+                ),
+                json!({"code": code, "expires": expires}),
+            ))
+        }
+        ControlRequest::RemoteClients => {
+            let clients = context
+                .oauth
+                .clients()
+                .map_err(|e| ToolError::internal("listing OAuth clients", e))?;
+            let mut text = String::new();
+            for client in &clients {
+                text.push_str(&format!(
+                    "{}  {}  → {}\n",
+                    client["client_id"].as_str().unwrap_or(""),
+                    client["name"].as_str().unwrap_or("(unnamed)"),
+                    client["redirect_hosts"]
+                        .as_array()
+                        .map(|h| h
+                            .iter()
+                            .filter_map(|h| h.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "))
+                        .unwrap_or_default(),
+                ));
+                for grant in client["grants"].as_array().into_iter().flatten() {
+                    text.push_str(&format!(
+                        "    grant: {} [{}] last used {}\n",
+                        grant["workspace"].as_str().unwrap_or("every workspace"),
+                        grant["scope"].as_str().unwrap_or(""),
+                        grant["last_used_at"]
+                            .as_i64()
+                            .map_or("never".to_string(), crate::tools::iso_time),
+                    ));
+                }
+            }
+            if clients.is_empty() {
+                text.push_str("no registered clients");
+            }
+            Ok(done(text.trim_end().to_string(), json!(clients)))
+        }
+        ControlRequest::RemoteRevoke { client_id, all } => {
+            if all {
+                let count = context
+                    .oauth
+                    .revoke_all()
+                    .map_err(|e| ToolError::internal("revoking OAuth clients", e))?;
+                return Ok(done(
+                    format!("revoked {count} client(s) and all their grants"),
+                    json!({"revoked": count}),
+                ));
+            }
+            let Some(client_id) = client_id else {
+                return Err(ToolError::invalid_argument(
+                    "name a client to revoke, or --all",
+                    "`alexandria remote clients` lists them",
+                ));
+            };
+            let found = context
+                .oauth
+                .revoke_client(&client_id)
+                .map_err(|e| ToolError::internal("revoking an OAuth client", e))?;
+            if !found {
+                return Err(ToolError::new(
+                    ErrorCode::NotFound,
+                    format!("no client {client_id}"),
+                    "`alexandria remote clients` lists them",
+                ));
+            }
+            Ok(done(
+                format!("revoked {client_id}: its tokens stop working now"),
+                json!({"revoked": 1, "client_id": client_id}),
+            ))
+        }
         ControlRequest::Stop => Ok(done(
             format!("alexandriad (pid {}) is stopping", std::process::id()),
             json!({"pid": std::process::id()}),
         )),
     }
+}
+
+fn remote_off() -> ToolError {
+    ToolError::new(
+        ErrorCode::InvalidArgument,
+        "remote access is off",
+        "turn it on with `alexandria remote enable --public-url https://<your tunnel host>`",
+    )
+}
+
+fn remote_enable(
+    context: &DaemonContext,
+    public_url: &str,
+    workspaces: Vec<String>,
+) -> Result<ControlReply, ToolError> {
+    for slug in &workspaces {
+        context.store.require_workspace(slug)?;
+    }
+    let remote = context
+        .oauth
+        .enable(public_url, workspaces)
+        .map_err(|e| match e {
+            crate::auth::oauth::RemoteError::BadUrl(message) => ToolError::invalid_argument(
+                message,
+                "give the https origin your tunnel serves, e.g. https://wiki.tail1234.ts.net",
+            ),
+            other => ToolError::internal("saving the remote settings", other),
+        })?;
+    let mut text = format!(
+        "remote access is on at {}.\nEvery HTTP request now needs a token (OAuth, or `alexandria daemon auth token`).\n",
+        remote.origin
+    );
+    match &context.http {
+        Some(http) => text.push_str(&format!(
+            "Point your tunnel at {} (see docs/remote.md), then add {} as a connector and approve it with a code from `alexandria remote pair`.",
+            http.url(),
+            endpoints(&remote, &context.store.list_workspaces()).join(" or "),
+        )),
+        None => text.push_str(
+            "warning: HTTP is not being served (`alexandria daemon status` says why), so the tunnel has nothing to reach.",
+        ),
+    }
+    Ok(done(text, remote_json(context, &remote)))
+}
+
+fn endpoints(remote: &crate::auth::oauth::Remote, all: &[String]) -> Vec<String> {
+    let mut list: Vec<String> = all
+        .iter()
+        .filter(|slug| remote.serves(Some(slug)))
+        .map(|slug| remote.resource(Some(slug)))
+        .collect();
+    if remote.serves(None) {
+        list.push(remote.resource(None));
+    }
+    list
+}
+
+fn remote_json(context: &DaemonContext, remote: &crate::auth::oauth::Remote) -> serde_json::Value {
+    json!({
+        "enabled": true,
+        "public_url": remote.origin,
+        "workspaces": remote.workspaces,
+        "endpoints": endpoints(remote, &context.store.list_workspaces()),
+        "authorization_server_metadata": format!("{}/.well-known/oauth-authorization-server", remote.origin),
+        "local": context.http.as_ref().map(|h| h.url()),
+    })
+}
+
+fn remote_status(context: &DaemonContext) -> Result<ControlReply, ToolError> {
+    let Some(remote) = context.oauth.remote() else {
+        return Ok(done(
+            "remote access is off (`alexandria remote enable --public-url https://…`)".into(),
+            json!({"enabled": false}),
+        ));
+    };
+    let clients = context
+        .oauth
+        .clients()
+        .map_err(|e| ToolError::internal("listing OAuth clients", e))?;
+    let grants: usize = clients
+        .iter()
+        .map(|c| c["grants"].as_array().map_or(0, Vec::len))
+        .sum();
+    let mut data = remote_json(context, &remote);
+    data["clients"] = json!(clients.len());
+    data["grants"] = json!(grants);
+    let text = format!(
+        "remote access is on\npublic URL: {}\nworkspaces: {}\nendpoints:  {}\nlocal:      {}\nclients:    {} ({} live grants)",
+        remote.origin,
+        if remote.workspaces.is_empty() {
+            "all".to_string()
+        } else {
+            remote.workspaces.join(", ")
+        },
+        data["endpoints"]
+            .as_array()
+            .map(|e| e
+                .iter()
+                .filter_map(|e| e.as_str())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
+        data["local"].as_str().unwrap_or("HTTP is not being served"),
+        clients.len(),
+        grants,
+    );
+    Ok(done(text, data))
 }
 
 /// The reply to an ingest: what was added, already there, skipped, and problems.

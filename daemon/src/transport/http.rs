@@ -8,7 +8,14 @@
 //! slug is unknown (404) under any other. A workspace-limited token on `/mcp` is
 //! served by that workspace's pinned service.
 //!
-//! This is the only module that knows HTTP.
+//! With remote access on (`alexandria remote enable`), every `/mcp` request needs a
+//! token: a CLI token, or an OAuth access token whose issuer is the public origin and
+//! whose audience is exactly this endpoint's URL. A missing or bad token gets a 401
+//! pointing at the endpoint's Protected Resource Metadata; a write or delete with a
+//! read-only token gets 403 `insufficient_scope`. The OAuth endpoints themselves are in
+//! `http_oauth.rs`.
+//!
+//! This folder is the only one that knows HTTP.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -17,7 +24,7 @@ use std::time::Duration;
 
 use alexandria_proto::{BUILD, Binding};
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use axum::serve::ListenerExt;
@@ -28,11 +35,13 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::oauth::{Remote, SCOPE_READ, SCOPE_WRITE};
 use crate::auth::{Auth, Grant, Refusal};
 use crate::config::HttpConfig;
 use crate::context::DaemonContext;
 use crate::mcp::AlexandriaServer;
 use crate::mcp::sessions::{SessionInfo, SessionListing};
+use crate::transport::http_oauth;
 
 /// An HTTP session with no traffic for this long is closed (its id then gets 404
 /// and the client re-initializes). rmcp's default is 5 minutes, which drops the
@@ -111,7 +120,10 @@ pub async fn serve(listener: TcpListener, context: Arc<DaemonContext>, config: &
         local,
         cancel.clone(),
     ));
-    let router = axum::Router::new().fallback(entry).with_state(app);
+    let router = axum::Router::new()
+        .fallback(entry)
+        .with_state(app)
+        .into_make_service_with_connect_info::<SocketAddr>();
     let mut shutdown = context.shutdown_signal();
     let stop = async move {
         let _ = shutdown.wait_for(|stopping| *stopping).await;
@@ -139,6 +151,8 @@ struct HostRule {
     /// Bound to 0.0.0.0 / ::: any Host reaches us (tokens are mandatory there);
     /// an `Origin` must then name the same host as `Host`.
     any: bool,
+    /// `[http] cors_origins`: browser origins allowed in `Origin` (and preflights).
+    cors_origins: Vec<String>,
 }
 
 impl HostRule {
@@ -157,26 +171,43 @@ impl HostRule {
                 names.push(ip.to_string());
             }
         }
-        HostRule { names, any }
+        let cors_origins = config
+            .cors_origins
+            .iter()
+            .map(|o| o.trim().trim_end_matches('/').to_string())
+            .collect();
+        HostRule {
+            names,
+            any,
+            cors_origins,
+        }
     }
 
-    fn allows(&self, host: &str) -> bool {
-        self.names.iter().any(|name| name == host)
+    fn allows(&self, host: &str, remote_host: Option<&str>) -> bool {
+        self.names.iter().any(|name| name == host) || remote_host == Some(host)
     }
 
-    /// `Err(reason)` when the request must be refused with 403.
-    fn check(&self, headers: &HeaderMap) -> Result<(), &'static str> {
+    /// `Err(reason)` when the request must be refused with 403. `remote_host` is the
+    /// public URL's host while remote access is on.
+    fn check(&self, headers: &HeaderMap, remote_host: Option<&str>) -> Result<(), &'static str> {
         let host = headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .and_then(host_of_authority)
             .ok_or("the Host header is missing or malformed")?;
-        if !self.any && !self.allows(&host) {
+        if !self.any && !self.allows(&host, remote_host) {
             return Err("the Host header names another server (DNS rebinding protection)");
         }
         let Some(origin) = headers.get(header::ORIGIN) else {
             return Ok(());
         };
+        if origin.to_str().is_ok_and(|o| {
+            self.cors_origins
+                .iter()
+                .any(|c| c == o.trim_end_matches('/'))
+        }) {
+            return Ok(());
+        }
         let origin_host = origin
             .to_str()
             .ok()
@@ -186,7 +217,7 @@ impl HostRule {
             })
             .and_then(|(_, rest)| host_of_authority(rest.trim_end_matches('/')))
             .ok_or("the Origin header is not an http(s) origin")?;
-        if self.allows(&origin_host) || (self.any && origin_host == host) {
+        if self.allows(&origin_host, remote_host) || (self.any && origin_host == host) {
             Ok(())
         } else {
             Err("requests from this Origin are not allowed (DNS rebinding protection)")
@@ -251,11 +282,20 @@ impl App {
             .clone()
     }
 
-    /// The token's grant, or `Grant { workspace: None }` when tokens are off.
-    fn authenticate(&self, headers: &HeaderMap) -> Result<Grant, Denial> {
+    /// The token's grant for `endpoint` (`None`: `/mcp`), or an unlimited grant when
+    /// tokens are off. Remote access turns tokens on; an OAuth token must name our
+    /// issuer, exactly this endpoint as audience, and a live grant.
+    fn authenticate(&self, headers: &HeaderMap, endpoint: Option<&str>) -> Result<Grant, Denial> {
         let auth: &Auth = &self.context.auth;
-        if !auth.tokens_enabled() {
-            return Ok(Grant { workspace: None });
+        let remote = self.context.oauth.remote();
+        let challenge = |refusal| Denial::Unauthorized {
+            refusal,
+            remote: remote
+                .as_ref()
+                .map(|r| r.metadata_url(endpoint.filter(|_| r.serves(endpoint)))),
+        };
+        if !auth.tokens_enabled() && remote.is_none() {
+            return Ok(Grant::everything());
         }
         let token = headers
             .get(header::AUTHORIZATION)
@@ -265,15 +305,32 @@ impl App {
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             });
         let Some(token) = token else {
-            return Err(Denial::Unauthorized(Refusal::Missing));
+            return Err(challenge(Refusal::Missing));
         };
-        auth.verify(token).map_err(Denial::Unauthorized)
+        let grant = auth.verify(token).map_err(challenge)?;
+        if let Some(claims) = &grant.oauth {
+            let Some(remote) = &remote else {
+                return Err(challenge(Refusal::Invalid));
+            };
+            if claims.iss != remote.issuer()
+                || claims.aud != remote.resource(endpoint)
+                || !remote.serves(endpoint)
+                || !self.context.oauth.grant_live(&claims.grant_id)
+            {
+                return Err(challenge(Refusal::Invalid));
+            }
+        }
+        Ok(grant)
     }
 }
 
 /// Why a request does not reach MCP.
 enum Denial {
-    Unauthorized(Refusal),
+    /// `remote`: the Protected Resource Metadata URL to point at, with remote access on.
+    Unauthorized {
+        refusal: Refusal,
+        remote: Option<String>,
+    },
     /// A token limited to this other workspace.
     OutOfScope(String),
     NoSuchWorkspace,
@@ -282,7 +339,7 @@ enum Denial {
 impl Denial {
     fn into_response(self) -> Response {
         match self {
-            Denial::Unauthorized(refusal) => unauthorized(refusal),
+            Denial::Unauthorized { refusal, remote } => unauthorized(refusal, remote.as_deref()),
             Denial::OutOfScope(limit) => insufficient_scope(&limit),
             Denial::NoSuchWorkspace => plain(
                 StatusCode::NOT_FOUND,
@@ -352,8 +409,16 @@ fn route(path: &str) -> Route<'_> {
     }
 }
 
-async fn entry(State(app): State<Arc<App>>, request: Request) -> Response {
-    if let Err(reason) = app.hosts.check(request.headers()) {
+async fn entry(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    let remote = app.context.oauth.remote();
+    if let Err(reason) = app
+        .hosts
+        .check(request.headers(), remote.as_ref().map(|r| r.host.as_str()))
+    {
         tracing::warn!(
             reason,
             path = request.uri().path(),
@@ -361,7 +426,78 @@ async fn entry(State(app): State<Arc<App>>, request: Request) -> Response {
         );
         return plain(StatusCode::FORBIDDEN, reason);
     }
+    let origin = request
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .map(|o| o.trim_end_matches('/').to_string())
+        .filter(|o| app.hosts.cors_origins.iter().any(|c| c == o));
+    if request.method() == Method::OPTIONS {
+        return preflight(&request, origin.as_deref());
+    }
+    let mut response = route_request(&app, request, source_of(peer, remote.as_ref())).await;
+    if let Some(origin) = origin
+        && let Ok(value) = HeaderValue::from_str(&origin)
+    {
+        let headers = response.headers_mut();
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
+        headers.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("Mcp-Session-Id, WWW-Authenticate"),
+        );
+        headers.append(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
+}
+
+/// The address rate limits count against: the peer, or with remote access on (the
+/// tunnel connects from loopback) the client address the tunnel reports.
+fn source_of(peer: SocketAddr, remote: Option<&Remote>) -> String {
+    let _ = remote;
+    peer.ip().to_string()
+}
+
+/// Answer a CORS preflight: the metadata documents for anyone, the MCP endpoints for
+/// `[http] cors_origins`.
+fn preflight(request: &Request, origin: Option<&str>) -> Response {
+    let path = request.uri().path();
+    let public = path.starts_with("/.well-known/");
+    let allow_origin = match (public, origin) {
+        (true, _) => "*".to_string(),
+        (false, Some(origin)) => origin.to_string(),
+        (false, None) => {
+            return plain(
+                StatusCode::FORBIDDEN,
+                "this Origin is not allowed: add it to [http] cors_origins in config.toml",
+            );
+        }
+    };
+    Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow_origin)
+        .header(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            "GET, POST, DELETE, OPTIONS",
+        )
+        .header(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            "Content-Type, Authorization, Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Accept",
+        )
+        .header(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            "Mcp-Session-Id, WWW-Authenticate",
+        )
+        .header(header::ACCESS_CONTROL_MAX_AGE, "600")
+        .header(header::VARY, "Origin")
+        .body(Body::empty())
+        .expect("static response parts are valid")
+}
+
+async fn route_request(app: &Arc<App>, request: Request, source: String) -> Response {
     let path = request.uri().path().to_string();
+    if http_oauth::is_oauth_path(&path) {
+        return http_oauth::handle(&app.context, request, source).await;
+    }
     match route(&path) {
         Route::Health => {
             if request.method() != Method::GET {
@@ -373,29 +509,38 @@ async fn entry(State(app): State<Arc<App>>, request: Request) -> Response {
             )
         }
         Route::Open => {
-            let grant = match app.authenticate(request.headers()) {
+            let grant = match app.authenticate(request.headers(), None) {
                 Ok(grant) => grant,
                 Err(denial) => return denial.into_response(),
             };
             let service = match &grant.workspace {
                 // A workspace-limited token turns the open endpoint into that pin.
-                Some(slug) => match workspace_exists(&app, slug) {
+                Some(slug) => match workspace_exists(app, slug) {
                     Ok(()) => app.pinned_service(slug),
                     Err(denial) => return denial.into_response(),
                 },
                 None => app.open.clone(),
             };
+            let request = match check_scope(app, &grant, None, request).await {
+                Ok(request) => request,
+                Err(response) => return response,
+            };
             forward(&service, request).await
         }
         Route::Pinned(slug) => {
-            if let Err(denial) = admit_to_workspace(&app, request.headers(), slug) {
-                return denial.into_response();
-            }
+            let grant = match admit_to_workspace(app, request.headers(), slug) {
+                Ok(grant) => grant,
+                Err(denial) => return denial.into_response(),
+            };
+            let request = match check_scope(app, &grant, Some(slug), request).await {
+                Ok(request) => request,
+                Err(response) => return response,
+            };
             let service = app.pinned_service(slug);
             forward(&service, request).await
         }
         Route::WorkspaceHealth(slug) => {
-            if let Err(denial) = admit_to_workspace(&app, request.headers(), slug) {
+            if let Err(denial) = admit_to_workspace(app, request.headers(), slug) {
                 return denial.into_response();
             }
             if request.method() != Method::GET {
@@ -412,10 +557,17 @@ async fn entry(State(app): State<Arc<App>>, request: Request) -> Response {
             let access = if app.context.auth.tokens_enabled()
                 && request.headers().contains_key(header::AUTHORIZATION)
             {
-                match app.authenticate(request.headers()) {
-                    Ok(grant) => crate::web::Access::Bearer {
+                // OAuth access tokens are for MCP endpoints only (their audience).
+                match app.authenticate(request.headers(), None) {
+                    Ok(grant) if grant.oauth.is_none() => crate::web::Access::Bearer {
                         workspace: grant.workspace,
                     },
+                    Ok(_) => {
+                        return plain(
+                            StatusCode::FORBIDDEN,
+                            "an OAuth access token does not open the web view",
+                        );
+                    }
                     Err(denial) => return denial.into_response(),
                 }
             } else {
@@ -431,12 +583,68 @@ async fn entry(State(app): State<Arc<App>>, request: Request) -> Response {
     }
 }
 
+/// Tools that change a workspace; an OAuth token needs `wiki:write` for them.
+const WRITING_TOOLS: [&str; 2] = ["write", "delete"];
+
+/// For OAuth tokens: read the POST body, log its tool calls with the client id, and
+/// refuse `write`/`delete` without `wiki:write` (403 `insufficient_scope`, which makes
+/// clients ask for more). Other requests pass untouched.
+async fn check_scope(
+    app: &App,
+    grant: &Grant,
+    endpoint: Option<&str>,
+    request: Request,
+) -> Result<Request, Response> {
+    let Some(claims) = &grant.oauth else {
+        return Ok(request);
+    };
+    if request.method() != Method::POST {
+        return Ok(request);
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is too large",
+            )
+        })?;
+    let message: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let messages = match &message {
+        serde_json::Value::Array(batch) => batch.iter().collect(),
+        single => vec![single],
+    };
+    for message in messages {
+        if message["method"] != "tools/call" {
+            continue;
+        }
+        let tool = message["params"]["name"].as_str().unwrap_or("");
+        tracing::info!(
+            client_id = %claims.client_id,
+            tool,
+            workspace = endpoint.or(message["params"]["arguments"]["workspace"].as_str()).unwrap_or("*"),
+            "oauth tool call"
+        );
+        if WRITING_TOOLS.contains(&tool) && !claims.has_scope(SCOPE_WRITE) {
+            let metadata = app
+                .context
+                .oauth
+                .remote()
+                .map(|r| r.metadata_url(endpoint))
+                .unwrap_or_default();
+            return Err(write_scope_needed(&metadata));
+        }
+    }
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
 /// Token, then the token's limit, then existence.
-fn admit_to_workspace(app: &App, headers: &HeaderMap, slug: &str) -> Result<(), Denial> {
-    let grant = app.authenticate(headers)?;
-    match grant.workspace {
-        Some(limit) if limit != slug => Err(Denial::OutOfScope(limit)),
-        _ => workspace_exists(app, slug),
+fn admit_to_workspace(app: &App, headers: &HeaderMap, slug: &str) -> Result<Grant, Denial> {
+    let grant = app.authenticate(headers, Some(slug))?;
+    match &grant.workspace {
+        Some(limit) if limit != slug => Err(Denial::OutOfScope(limit.clone())),
+        _ => workspace_exists(app, slug).map(|()| grant),
     }
 }
 
@@ -519,9 +727,14 @@ fn method_not_allowed(allow: &'static str) -> Response {
         .expect("static response parts are valid")
 }
 
-/// 401 with an RFC 6750 challenge (the scheme the MCP authorization spec uses).
-fn unauthorized(refusal: Refusal) -> Response {
-    let mut challenge = String::from("Bearer realm=\"alexandria\"");
+/// 401 with an RFC 6750 challenge (the scheme the MCP authorization spec uses). With
+/// remote access on it names the endpoint's Protected Resource Metadata and the scope
+/// to ask for, which is how OAuth clients discover the authorization server.
+fn unauthorized(refusal: Refusal, resource_metadata: Option<&str>) -> Response {
+    let mut challenge = match resource_metadata {
+        Some(url) => format!("Bearer resource_metadata=\"{url}\", scope=\"{SCOPE_READ}\""),
+        None => String::from("Bearer realm=\"alexandria\""),
+    };
     if !refusal.error_code().is_empty() {
         challenge.push_str(&format!(
             ", error=\"{}\", error_description=\"{}\"",
@@ -536,6 +749,25 @@ fn unauthorized(refusal: Refusal) -> Response {
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body.to_string()))
         .expect("challenge parts are valid")
+}
+
+/// 403 for a write or delete with a read-only OAuth token.
+fn write_scope_needed(resource_metadata: &str) -> Response {
+    let body = json!({
+        "error": "insufficient_scope",
+        "message": "writing needs the wiki:write scope: approve the client again with write access",
+    });
+    Response::builder()
+        .status(StatusCode::FORBIDDEN)
+        .header(
+            header::WWW_AUTHENTICATE,
+            format!(
+                "Bearer error=\"insufficient_scope\", scope=\"{SCOPE_READ} {SCOPE_WRITE}\", resource_metadata=\"{resource_metadata}\", error_description=\"writing needs wiki:write\""
+            ),
+        )
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap_or_else(|_| plain(StatusCode::FORBIDDEN, "writing needs the wiki:write scope"))
 }
 
 /// 403 for a workspace-limited token used on another workspace.
@@ -598,7 +830,7 @@ mod tests {
         ];
         for (pairs, allowed) in cases {
             assert_eq!(
-                loopback.check(&headers(pairs)).is_ok(),
+                loopback.check(&headers(pairs), None).is_ok(),
                 allowed,
                 "{pairs:?}"
             );
@@ -610,29 +842,32 @@ mod tests {
         let tunnel = HostRule::new(&config, "127.0.0.1:7000".parse().ok());
         assert!(
             tunnel
-                .check(&headers(&[("host", "wiki.example.org")]))
+                .check(&headers(&[("host", "wiki.example.org")]), None)
                 .is_ok()
         );
         let everywhere = HostRule::new(&HttpConfig::default(), "0.0.0.0:7000".parse().ok());
         assert!(
             everywhere
-                .check(&headers(&[("host", "10.1.2.3:7000")]))
+                .check(&headers(&[("host", "10.1.2.3:7000")]), None)
                 .is_ok()
         );
         assert!(
             everywhere
-                .check(&headers(&[
-                    ("host", "10.1.2.3:7000"),
-                    ("origin", "http://10.1.2.3:7000")
-                ]))
+                .check(
+                    &headers(&[
+                        ("host", "10.1.2.3:7000"),
+                        ("origin", "http://10.1.2.3:7000")
+                    ]),
+                    None
+                )
                 .is_ok()
         );
         assert!(
             everywhere
-                .check(&headers(&[
-                    ("host", "10.1.2.3:7000"),
-                    ("origin", "http://evil.example")
-                ]))
+                .check(
+                    &headers(&[("host", "10.1.2.3:7000"), ("origin", "http://evil.example")]),
+                    None
+                )
                 .is_err()
         );
     }
@@ -661,7 +896,7 @@ mod tests {
         let none = HttpOverrides::default();
         assert_eq!(
             bind_address(&config, &none).expect("default").to_string(),
-            "127.0.0.1:0"
+            format!("127.0.0.1:{}", alexandria_proto::DEFAULT_HTTP_PORT)
         );
         let over = HttpOverrides {
             bind: Some("::1".into()),

@@ -6,4 +6,5 @@
 
 pub mod control;
 pub mod http;
+pub mod http_oauth;
 pub mod socket;
