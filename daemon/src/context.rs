@@ -21,6 +21,8 @@ use crate::workspace::Store;
 #[derive(Debug, Clone)]
 pub struct HttpInfo {
     pub address: SocketAddr,
+    /// The port was 0 (any free port), so it differs at every start.
+    pub ephemeral: bool,
 }
 
 impl HttpInfo {
@@ -73,6 +75,8 @@ impl DaemonContext {
             "socket_note": self.store.home.socket_place().reason(),
             "http": self.http.as_ref().map(HttpInfo::url),
             "http_error": self.http_error,
+            // Asked for port 0: the port changes at every start, and so do URLs.
+            "http_ephemeral": self.http.as_ref().map(|h| h.ephemeral),
             "remote": self.oauth.remote().map(|r| r.origin),
             "http_tokens": self.auth.tokens_enabled(),
             "sessions": self.sessions.snapshot(),

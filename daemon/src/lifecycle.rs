@@ -243,7 +243,10 @@ async fn start(options: &DaemonOptions) -> Result<Started> {
     let http = http_listener
         .as_ref()
         .and_then(|l| l.local_addr().ok())
-        .map(|address| HttpInfo { address });
+        .map(|bound| HttpInfo {
+            address: bound,
+            ephemeral: address.port() == 0,
+        });
     let (shutdown, _) = watch::channel(false);
     let context = Arc::new(DaemonContext {
         store,

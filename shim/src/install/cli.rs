@@ -143,9 +143,9 @@ fn http_entry(request: &Request, connector: &Connector) -> Result<Entry> {
         Some(slug) => format!("{base}/mcp/{slug}"),
         None => format!("{base}/mcp"),
     };
-    if configured_port(home) == 0 {
+    if status["http_ephemeral"].as_bool().unwrap_or(false) {
         say!(
-            "note: the daemon picks a new HTTP port each time it starts ([http] port = 0), so this URL lasts until it restarts; set a fixed port in {} (e.g. port = 8765) and re-run",
+            "note: the daemon picks a new HTTP port each time it starts ([http] port = 0), so this URL lasts until it restarts; set a fixed port in {} (the default is 4747) and re-run",
             home.config_file().display()
         );
     }
@@ -173,15 +173,6 @@ fn http_entry(request: &Request, connector: &Connector) -> Result<Entry> {
     Ok(client
         .http_entry(&url, bearer.as_deref())
         .expect("checked above that the client takes URL entries"))
-}
-
-/// `[http] port` from config.toml (0 when unset or unreadable: a free port each start).
-fn configured_port(home: &Home) -> i64 {
-    std::fs::read_to_string(home.config_file())
-        .ok()
-        .and_then(|text| text.parse::<toml_edit::DocumentMut>().ok())
-        .and_then(|doc| doc.get("http")?.get("port")?.as_integer())
-        .unwrap_or(0)
 }
 
 /// The token already in our entry when it points at `url`, so re-running install is
