@@ -94,11 +94,88 @@ pub enum HelloReply {
         pid: u32,
         restarting: bool,
     },
+    /// Same protocol, but the client is a newer build (`is_newer_build`): an upgrade was
+    /// installed while this daemon ran. The daemon shuts down right after sending this,
+    /// finishing what it was doing, so the client can start the new build. Only a newer
+    /// client can receive it, and a newer client knows it: no protocol bump needed.
+    Superseded { build: String, pid: u32 },
     Refused {
         code: String,
         message: String,
         hint: String,
     },
+}
+
+/// Whether build `candidate` is newer than build `current`, both `MAJOR.MINOR.PATCH` with
+/// an optional `-prerelease` and `+metadata` (semver precedence: `1.0.0-rc.1` < `1.0.0`;
+/// metadata is ignored). Anything that does not parse is never newer, so a daemon steps
+/// down only for a build it can tell is an upgrade.
+pub fn is_newer_build(candidate: &str, current: &str) -> bool {
+    match (Version::parse(candidate), Version::parse(current)) {
+        (Some(candidate), Some(current)) => candidate > current,
+        _ => false,
+    }
+}
+
+/// A parsed build version, ordered by semver precedence.
+#[derive(Debug, PartialEq, Eq)]
+struct Version<'a> {
+    numbers: [u64; 3],
+    /// Dot-separated pre-release identifiers; empty for a release.
+    pre: Vec<&'a str>,
+}
+
+impl<'a> Version<'a> {
+    fn parse(text: &'a str) -> Option<Version<'a>> {
+        let text = text.split_once('+').map_or(text, |(version, _)| version);
+        let (core, pre) = match text.split_once('-') {
+            Some((core, pre)) => (core, pre.split('.').collect()),
+            None => (text, Vec::new()),
+        };
+        let mut parts = core.split('.').map(|part| {
+            (!part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| part.parse::<u64>().ok())
+                .flatten()
+        });
+        let numbers = [parts.next()??, parts.next()??, parts.next()??];
+        if parts.next().is_some() || pre.iter().any(|id: &&str| id.is_empty()) {
+            return None;
+        }
+        Some(Version { numbers, pre })
+    }
+}
+
+impl Ord for Version<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        self.numbers.cmp(&other.numbers).then_with(|| {
+            match (self.pre.is_empty(), other.pre.is_empty()) {
+                (true, true) => Ordering::Equal,
+                (true, false) => Ordering::Greater,
+                (false, true) => Ordering::Less,
+                (false, false) => {
+                    for (a, b) in self.pre.iter().zip(&other.pre) {
+                        let order = match (a.parse::<u64>(), b.parse::<u64>()) {
+                            (Ok(a), Ok(b)) => a.cmp(&b),
+                            (Ok(_), Err(_)) => Ordering::Less,
+                            (Err(_), Ok(_)) => Ordering::Greater,
+                            (Err(_), Err(_)) => a.cmp(b),
+                        };
+                        if order != Ordering::Equal {
+                            return order;
+                        }
+                    }
+                    self.pre.len().cmp(&other.pre.len())
+                }
+            }
+        })
+    }
+}
+
+impl PartialOrd for Version<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// A request from the CLI to the daemon.
@@ -226,6 +303,51 @@ mod tests {
         );
         let back: T = serde_json::from_str(golden).expect("golden parses");
         assert_eq!(&back, value);
+    }
+
+    #[test]
+    fn superseded_golden() {
+        round_trip(
+            &HelloReply::Superseded {
+                build: "0.1.0".into(),
+                pid: 7,
+            },
+            r#"{"status":"superseded","build":"0.1.0","pid":7}"#,
+        );
+    }
+
+    #[test]
+    fn newer_builds() {
+        let cases = [
+            ("0.2.0", "0.1.0", true),
+            ("0.1.1", "0.1.0", true),
+            ("1.0.0", "0.99.99", true),
+            ("0.10.0", "0.9.0", true),
+            ("0.1.0", "0.1.0-rc.1", true),
+            ("0.1.0-rc.2", "0.1.0-rc.1", true),
+            ("0.1.0-rc.10", "0.1.0-rc.9", true),
+            ("0.1.0-rc.1.1", "0.1.0-rc.1", true),
+            ("0.1.0-beta", "0.1.0-alpha", true),
+            ("0.1.0-alpha", "0.1.0-1", true),
+            ("0.1.0", "0.1.0", false),
+            ("0.1.0+abc", "0.1.0+def", false),
+            ("0.1.0", "0.2.0", false),
+            ("0.1.0-rc.1", "0.1.0", false),
+            ("999.0.0", "garbage", false),
+            ("garbage", "0.1.0", false),
+            ("1.2", "1.1.0", false),
+            ("1.2.3.4", "1.1.0", false),
+            ("01.2.3x", "1.1.0", false),
+            ("1.2.3-", "1.1.0", false),
+            ("", "0.1.0", false),
+        ];
+        for (candidate, current, newer) in cases {
+            assert_eq!(
+                is_newer_build(candidate, current),
+                newer,
+                "{candidate} newer than {current}?"
+            );
+        }
     }
 
     #[test]

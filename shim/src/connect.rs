@@ -2,8 +2,9 @@
 //!
 //! The rules (after atuin and sccache): one start lock so that parallel shims start
 //! exactly one daemon; the spawner waits for the daemon's explicit `StartupNotice` on
-//! its stdout, for a few seconds at most; a daemon speaking an older protocol is asked
-//! to step down and is replaced.
+//! its stdout, for a few seconds at most; a daemon speaking an older protocol, or an
+//! older build of the same protocol (an upgrade was installed while it ran), steps down
+//! when greeted and is replaced.
 //!
 //! A daemon holds its pidfile lock until its process exits, and closes its socket as
 //! soon as it begins to stop. So "the socket does not answer but the pidfile is locked"
@@ -376,7 +377,8 @@ fn greet(mut stream: UnixStream, hello: &Hello) -> Result<Greeting> {
             pid,
             restarting: true,
             ..
-        } => Ok(Greeting::Replaced { pid }),
+        }
+        | HelloReply::Superseded { pid, .. } => Ok(Greeting::Replaced { pid }),
         HelloReply::ProtocolMismatch {
             build, protocol, ..
         } => bail!(
