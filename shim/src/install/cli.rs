@@ -13,7 +13,7 @@ use super::entry::{self, Entry, Plan};
 use super::files::{self, Found};
 use super::json::{self, Dialect, JsonTarget};
 use super::service::{self, ServiceConfig, ServiceKind};
-use super::{Change, Edit, EditError, SERVER_NAME, claude_cli, codex, continue_block};
+use super::{Change, Edit, EditError, SERVER_NAME, claude_cli, codex, continue_block, launcher};
 use crate::connect::Connector;
 
 /// `println!` that never fails: a closed stdout (`… | head`) must not abort an install
@@ -67,15 +67,20 @@ pub fn mcp_install(args: &McpInstallArgs, connector: &Connector) -> Result<ExitC
         let entry = http_entry(&request, connector)?;
         return write_entry(&request, &entry);
     }
-    let command = own_executable()?;
+    let launcher = server_launcher()?;
     let mut serve_args = vec!["mcp".to_string(), "serve".to_string()];
     if let Some(slug) = &args.workspace {
         serve_args.extend(["--workspace".to_string(), slug.clone()]);
     }
     let entry_home = entry_home(home, &request.env)?;
-    let entry = args
-        .client
-        .entry(&command, &serve_args, entry_home.as_deref());
+    let entry = args.client.entry(
+        &launcher.command,
+        &launcher.args(&serve_args),
+        entry_home.as_deref(),
+    );
+    if let Some(reason) = &launcher.reason {
+        say!("note: {reason}");
+    }
     if !home.config_file().is_file() {
         say!(
             "note: {} is not set up yet (no config.toml); run `{}` before using the client",
@@ -497,6 +502,13 @@ pub fn install_service(args: &ServiceArgs, home: &Home) -> Result<ExitCode> {
         say_raw!("{}", service::render(kind, &config));
         return Ok(ExitCode::SUCCESS);
     }
+    if let launcher::Origin::UvCache(cache) = launcher::origin(&config.daemon) {
+        bail!(
+            "{} lives in uv's cache ({}), which `uv cache clean` removes, and a service must not point there; install alexandria for good first (`uv tool install alexandria` or `pipx install alexandria`) and run install-service from there",
+            config.daemon.display(),
+            cache.display()
+        );
+    }
     let kind = ServiceKind::current();
     let path = service::service_path(kind, &env.home, env.xdg_config_home.as_deref());
     let text = service::render(kind, &config);
@@ -704,6 +716,15 @@ fn refusal(path: &Path, error: EditError) -> anyhow::Error {
         "refusing to edit {}: {error}; nothing was changed: fix the file (or move it away) and re-run",
         path.display()
     )
+}
+
+/// What the entry runs: this executable's absolute path, or `uvx alexandria` when this one
+/// runs from uv's cache (see `launcher`).
+fn server_launcher() -> Result<launcher::Launcher> {
+    let exe = own_executable()?;
+    let uv = std::env::var_os("UV").map(PathBuf::from);
+    let path = std::env::var_os("PATH");
+    Ok(launcher::choose(&exe, uv.as_deref(), path.as_deref()))
 }
 
 /// The absolute, symlink-free path of this `alexandria`, so clients that do not inherit the

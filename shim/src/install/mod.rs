@@ -14,6 +14,7 @@ pub(crate) mod continue_block;
 mod entry;
 mod files;
 pub(crate) mod json;
+mod launcher;
 pub(crate) mod service;
 
 pub use claude_cli::find_on_path;
