@@ -123,7 +123,8 @@ enum WorkspaceCommand {
 enum McpCommand {
     /// Serve MCP on stdin/stdout (what MCP clients launch)
     Serve {
-        /// Pin this session to one workspace
+        /// Pin this session to one workspace (default: $ALEXANDRIA_WORKSPACE when it is set
+        /// and not empty, else open mode)
         #[arg(long)]
         workspace: Option<String>,
     },
@@ -188,7 +189,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             unreachable!("handled above")
         }
         Command::Mcp(McpCommand::Serve { workspace }) => {
-            let binding = match workspace {
+            let binding = match workspace.or_else(pinned_by_env) {
                 Some(slug) => {
                     alexandria_proto::paths::validate_slug(&slug)?;
                     alexandria_proto::Binding::Pinned { workspace: slug }
@@ -240,4 +241,12 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Command::Daemon(DaemonCommand::UninstallService(args)) => install::uninstall_service(&args),
     }
+}
+
+/// `$ALEXANDRIA_WORKSPACE`, for hosts that configure a server through its environment (the
+/// Claude Desktop bundle passes its optional "Workspace" setting this way; empty = open).
+fn pinned_by_env() -> Option<String> {
+    std::env::var("ALEXANDRIA_WORKSPACE")
+        .ok()
+        .filter(|slug| !slug.is_empty())
 }

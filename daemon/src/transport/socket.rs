@@ -245,6 +245,18 @@ async fn handle(stream: UnixStream, context: Arc<DaemonContext>) -> anyhow::Resu
             return Ok(());
         }
     };
+    // Same protocol, newer build: an upgrade was installed while we ran. Step down like
+    // for a newer protocol, so the client (and every later one) gets the new daemon.
+    if alexandria_proto::is_newer_build(&hello.build, BUILD) {
+        let reply = HelloReply::Superseded {
+            build: BUILD.into(),
+            pid: std::process::id(),
+        };
+        write_line(&mut write_half, &alexandria_proto::to_line(&reply)).await?;
+        tracing::info!(client_build = %hello.build, "a newer build asked; stepping down");
+        context.shutdown();
+        return Ok(());
+    }
     let ready = HelloReply::Ready {
         protocol: PROTOCOL_VERSION,
         build: BUILD.into(),
