@@ -53,6 +53,7 @@ if [ "$build" = 1 ]; then
     rm -rf "$wheels"
     start=$(date +%s)
     if ! (cd "$root" && "$tools/bin/maturin" build --profile "$profile" --locked --out "$wheels"); then
+        echo "the wheel did not build; an unresolved crate means a dependency of shim/ or of the daemon's main.rs is missing from packaging/wheel/Cargo.toml (that crate compiles both mains)"
         echo "0 passed, 1 failed"
         exit 1
     fi
