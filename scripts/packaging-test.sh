@@ -214,6 +214,7 @@ owns "$home_uvx/.alexandria"
 uvx_env=(env PATH="$tools/bin:$base_path" HOME="$home_uvx" ALEXANDRIA_HOME="$home_uvx/.alexandria"
     UV_CACHE_DIR="$scratch/uv-cache" UV_NO_INDEX=1 UV_FIND_LINKS="$wheels")
 uvx_entry() {
+    "${uvx_env[@]}" uvx alexandria init || return 1
     "${uvx_env[@]}" uvx alexandria mcp install claude-code | tee "$scratch/uvx-install.out" || return 1
     grep -q "^note: this alexandria runs from uv's cache" "$scratch/uvx-install.out" || return 1
     entry_of "$home_uvx/.claude.json" >"$scratch/uvx.json" || return 1
@@ -230,7 +231,17 @@ EOF
     fi
     grep -q "lives in uv's cache" "$scratch/uvx-service.err" || return 1
     rm -rf "$scratch/uv-cache"
-    "${uvx_env[@]}" "$sdk_python" "$client" "$scratch/uvx.json" --expect open --write
+    "${uvx_env[@]}" "$sdk_python" "$client" "$scratch/uvx.json" --expect open --write || return 1
+    # doctor reads the uvx entry as ours: the command is uvx, the arguments after
+    # `alexandria` are checked (its exit code also reflects unrelated checks).
+    "${uvx_env[@]}" uvx alexandria doctor --json >"$scratch/uvx-doctor.json"
+    "$sdk_python" - "$scratch/uvx-doctor.json" <<'EOF'
+import json, sys
+findings = json.load(open(sys.argv[1]))["findings"]
+ours = [f for f in findings if f["check"] == "client:claude-code"]
+print(ours)
+assert ours and all(f["status"] == "ok" and "through uvx" in f["message"] for f in ours), findings
+EOF
 }
 check "uvx: mcp install writes 'uvx alexandria mcp serve', which starts after the cache is deleted; install-service refuses" uvx_entry
 
@@ -254,14 +265,16 @@ owns "$home_desktop/.alexandria"
 owns "$scratch/desktop-home"
 desktop_env=(env -u ALEXANDRIA_HOME PATH="$base_path" HOME="$home_desktop")
 bundle_open() {
+    # A home must be set up once (`alexandria init`); until then the server answers every
+    # tool call with home_not_found and the command to run.
+    "${desktop_env[@]}" "$unpacked/server/alexandria" init || return 1
     (cd "$node_dir" && node mcpb_entry.mjs "$unpacked" '{}') >"$scratch/desktop-open.json" || return 1
     cat "$scratch/desktop-open.json"
     "${desktop_env[@]}" "$sdk_python" "$client" "$scratch/desktop-open.json" --expect open --write || return 1
-    [ -d "$home_desktop/.alexandria/workspaces" ]
+    ls "$home_desktop/.alexandria/workspaces/global/wiki" | grep -q '^packaging-'
 }
 check "bundle, settings left empty: open mode on ~/.alexandria" bundle_open
 bundle_pinned() {
-    "${desktop_env[@]}" "$unpacked/server/alexandria" init >/dev/null 2>&1
     ALEXANDRIA_HOME="$scratch/desktop-home" "$unpacked/server/alexandria" init || return 1
     (cd "$node_dir" && node mcpb_entry.mjs "$unpacked" "{\"workspace\": \"global\", \"home\": \"$scratch/desktop-home\"}") >"$scratch/desktop-pinned.json" || return 1
     cat "$scratch/desktop-pinned.json"

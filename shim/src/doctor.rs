@@ -662,12 +662,17 @@ fn check_entry(
                 .collect()
         })
         .unwrap_or_default();
+    // `<uvx> alexandria mcp serve …`, which `mcp install` writes when run from uv's cache:
+    // uvx fetches alexandria itself; the arguments after `alexandria` are ours to check.
+    let command = entry.get("command").and_then(Value::as_str).unwrap_or("");
+    let via_uvx = Path::new(command).file_name().is_some_and(|n| n == "uvx")
+        && args.first().is_some_and(|first| first == "alexandria");
+    let args = if via_uvx { args[1..].to_vec() } else { args };
     let pinned = pinned_workspace(&args);
     let reinstall = match &pinned {
         Some(slug) => format!("alexandria mcp install {name} --workspace {slug}"),
         None => format!("alexandria mcp install {name}"),
     };
-    let command = entry.get("command").and_then(Value::as_str).unwrap_or("");
     let command_path = Path::new(command);
     if command.is_empty() || !command_path.is_absolute() {
         report.error(
@@ -690,7 +695,7 @@ fn check_entry(
         .ok()
         .zip(own)
         .is_some_and(|(a, b)| a == b);
-    if !same_binary {
+    if !same_binary && !via_uvx {
         let version = version_of(command_path).unwrap_or_else(|| "?".into());
         notes.push(format!(
             "runs another alexandria ({command}, version {version})"
@@ -771,9 +776,10 @@ fn check_entry(
         );
         return;
     }
+    let through = if via_uvx { " (through uvx)" } else { "" };
     let what = match &pinned {
-        Some(slug) => format!("{shown}: alexandria mcp serve, pinned to {slug}"),
-        None => format!("{shown}: alexandria mcp serve"),
+        Some(slug) => format!("{shown}: alexandria mcp serve{through}, pinned to {slug}"),
+        None => format!("{shown}: alexandria mcp serve{through}"),
     };
     if notes.is_empty() {
         report.ok(check, what);
