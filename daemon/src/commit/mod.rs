@@ -19,6 +19,7 @@
 //! May import: `index`, `workspace`, `db`, `error`, `faults`. Tools call it; it never
 //! calls a tool.
 
+pub mod capture;
 pub mod ingest;
 pub mod place;
 pub mod recover;

@@ -83,6 +83,10 @@ pub fn recover(store: &Arc<Store>) -> Vec<String> {
             .collect();
         dirs.sort();
         for dir in dirs {
+            if let Some(capture) = capture::load(&dir) {
+                capture::recover(store, &dir, capture, &mut report);
+                continue;
+            }
             let manifest = load_manifest(&dir);
             match manifest {
                 Some(manifest) if manifest.state == RunState::Prepared => {
