@@ -4,9 +4,11 @@
 
 pub mod client;
 pub mod corpus;
+pub mod httpd;
 pub mod machine;
 pub mod pdf;
 pub mod procs;
 pub mod report;
 pub mod run;
+pub mod sources;
 pub mod stats;

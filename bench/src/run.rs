@@ -106,6 +106,16 @@ pub fn parse_size(text: &str) -> Result<usize> {
 pub fn run(settings: &Settings, binaries: &Binaries) -> Result<Outcome> {
     let mut outcome = Outcome::default();
     transport_and_start(settings, binaries, &mut outcome).context("transport figures")?;
+    progress("source adapters: a 500-entry feed and a 1,000-file folder");
+    match crate::sources::run(binaries, 500, 1000) {
+        Ok(figures) => outcome.rows.extend(figures.rows),
+        Err(error) => outcome.rows.push(Row::new(
+            "source adapters",
+            "-",
+            "cli",
+            Figure::NotAvailable(format!("{error:#}")),
+        )),
+    }
     let mut per_size = Vec::new();
     for &pages in &settings.sizes {
         let figures = corpus_size(settings, binaries, pages, &mut outcome)

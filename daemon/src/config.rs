@@ -47,6 +47,12 @@ default_branch = "main"
 [logs]
 # Tool-call logs (logs/mcp-<date>.jsonl) older than this are deleted.
 retention_days = 7
+
+[sources]
+# Every request a source makes (feeds, pages, articles) gives up after this long.
+timeout_secs = 30
+# Larger responses are refused with an error.
+max_response_bytes = 20971520
 "#;
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -57,6 +63,23 @@ pub struct Config {
     pub git: GitConfig,
     pub logs: LogsConfig,
     pub remote: RemoteConfig,
+    pub sources: SourcesConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SourcesConfig {
+    pub timeout_secs: f64,
+    pub max_response_bytes: u64,
+}
+
+impl Default for SourcesConfig {
+    fn default() -> SourcesConfig {
+        SourcesConfig {
+            timeout_secs: 30.0,
+            max_response_bytes: 20 * 1024 * 1024,
+        }
+    }
 }
 
 /// `[remote]`: OAuth-protected access through a tunnel.

@@ -151,6 +151,55 @@ CREATE TABLE oauth_refresh_tokens (
 );
 CREATE INDEX oauth_refresh_grant ON oauth_refresh_tokens(grant_id);
 "#,
+    // 5: source adapters and their items (issue 10); replaces the unused first sketch.
+    r#"
+DROP TABLE IF EXISTS subscription_items;
+DROP TABLE IF EXISTS sources;
+CREATE TABLE sources (
+    id INTEGER PRIMARY KEY,
+    workspace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    -- JSON: targets, include, branch (never a credential)
+    config TEXT NOT NULL,
+    auto INTEGER NOT NULL,
+    every_secs INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    -- sync state, as a feed reader keeps it
+    etag TEXT,
+    last_modified TEXT,
+    cursor TEXT,
+    last_check INTEGER,
+    next_check INTEGER,
+    last_ok INTEGER,
+    errors INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    last_status INTEGER,
+    UNIQUE (workspace, name)
+);
+-- One row per revision of an item a source found: pending -> captured | dismissed,
+-- or failed (kept with its error, retried). (source_id, dedup_key) never comes back
+-- once dismissed; a new revision of a captured item is a new pending row.
+CREATE TABLE source_items (
+    id INTEGER PRIMARY KEY,
+    source_id INTEGER NOT NULL REFERENCES sources(id) ON DELETE CASCADE,
+    dedup_key TEXT NOT NULL,
+    revision TEXT NOT NULL,
+    title TEXT NOT NULL,
+    url TEXT,
+    published INTEGER,
+    excerpt TEXT,
+    -- JSON: what capture needs (a relative path, a blob id, the entry's content)
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL,
+    raw_path TEXT,
+    error TEXT,
+    found_at INTEGER NOT NULL,
+    changed_at INTEGER NOT NULL,
+    UNIQUE (source_id, dedup_key, revision)
+);
+CREATE INDEX source_items_state ON source_items(source_id, state);
+"#,
 ];
 
 /// Open the pool on `path`, creating the file, and apply pending migrations.

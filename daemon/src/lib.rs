@@ -3,7 +3,7 @@
 //! Folders by concern; arrows point down only (ARCHITECTURE.md has the map):
 //!
 //! `lifecycle` → `transport` (socket, HTTP, control) → `mcp` (rmcp handler, sessions,
-//! call log) → `tools` (tool logic, MCP-free) → `commit` (the write path, recovery,
+//! call log) → `tools` (tool logic, MCP-free) → `sources` (adapters, scheduler) → `commit` (the write path, recovery,
 //! outside edits) → `index` (catalogue, full-text search, extraction) → `workspace`
 //! (files, git, lock) → `db`, `config`, `error`. `context` (state shared by the
 //! transports) and `auth` sit beside `transport`, below `lifecycle`; `web` (the web
@@ -19,6 +19,7 @@ pub mod faults;
 pub mod index;
 pub mod lifecycle;
 pub mod mcp;
+pub mod sources;
 pub mod tools;
 pub mod transport;
 pub mod web;

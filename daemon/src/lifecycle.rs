@@ -142,6 +142,9 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     );
     tokio::spawn(keep_index_current(Arc::clone(&context)));
     tokio::spawn(prune_call_logs(Arc::clone(&context)));
+    // Sources sync on their own threads: never on the runtime, never under a lock
+    // while they wait on the network.
+    crate::sources::scheduler::spawn(Arc::clone(&context.store));
     let signals = tokio::spawn(wait_for_signal(Arc::clone(&context)));
     let http_server = http_listener.map(|listener| {
         let context = Arc::clone(&context);

@@ -251,6 +251,76 @@ pub enum ControlRequest {
         #[serde(default)]
         all: bool,
     },
+    /// Add a source adapter to a workspace (`alexandria source add`).
+    SourceAdd(SourceSpec),
+    /// Sources of one workspace, or of every workspace.
+    SourceList {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workspace: Option<String>,
+    },
+    /// Sync one source now, or every source of the workspace (`name: None`).
+    SourceSync {
+        workspace: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+    },
+    /// Store a source's credential (`user:password` or a bearer token) in `secrets/`.
+    SourceSecret {
+        workspace: String,
+        name: String,
+        secret: String,
+    },
+    /// Remove a source; what it captured stays in `raw/`.
+    SourceRemove {
+        workspace: String,
+        name: String,
+    },
+    /// Items sources found, filtered.
+    SubscriptionList {
+        workspace: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state: Option<String>,
+    },
+    /// Capture items into `raw/sources/<name>/` (one commit).
+    SubscriptionIngest {
+        workspace: String,
+        #[serde(default)]
+        items: Vec<i64>,
+        /// With `all`: every pending item of this source.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
+        #[serde(default)]
+        all: bool,
+    },
+    /// Dismiss items: they never come back.
+    SubscriptionDismiss {
+        workspace: String,
+        items: Vec<i64>,
+    },
+}
+
+/// A source as `alexandria source add` describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceSpec {
+    pub workspace: String,
+    /// `folder`, `feed`, `url` or `git`.
+    pub kind: String,
+    /// A directory, a feed URL (or file), page URLs, a repository path or URL.
+    pub targets: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// Seconds between checks; `None` is the kind's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_secs: Option<u64>,
+    /// Capture new items without asking; `None` is the kind's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<bool>,
 }
 
 /// One line of the daemon's answer to a control request.
@@ -424,6 +494,28 @@ mod tests {
             r#"{"request":"remote_revoke","all":true}"#,
         );
         round_trip(&ControlRequest::RemotePair, r#"{"request":"remote_pair"}"#);
+        round_trip(
+            &ControlRequest::SourceAdd(SourceSpec {
+                workspace: "acme".into(),
+                kind: "feed".into(),
+                targets: vec!["https://example.org/feed.xml".into()],
+                name: Some("news".into()),
+                include: None,
+                branch: None,
+                every_secs: Some(3600),
+                auto: None,
+            }),
+            r#"{"request":"source_add","workspace":"acme","kind":"feed","targets":["https://example.org/feed.xml"],"name":"news","every_secs":3600}"#,
+        );
+        round_trip(
+            &ControlRequest::SubscriptionIngest {
+                workspace: "acme".into(),
+                items: vec![3, 4],
+                source: None,
+                all: false,
+            },
+            r#"{"request":"subscription_ingest","workspace":"acme","items":[3,4],"all":false}"#,
+        );
         round_trip(
             &ControlReply::Progress {
                 done: 1,

@@ -176,7 +176,7 @@ pub enum AuthCommand {
 }
 
 /// Seconds from `3600`, `3600s`, `90m`, `12h`, `30d`, `2w`.
-fn parse_ttl(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_ttl(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())

@@ -13,6 +13,7 @@ mod nohome;
 mod progress;
 mod pump;
 mod remote;
+mod source;
 mod web;
 mod workspaces;
 
@@ -51,6 +52,12 @@ enum Command {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
+    /// Source adapters: watched folders, feeds, web pages, git repositories
+    #[command(subcommand)]
+    Source(source::SourceCommand),
+    /// Items sources found: list, capture (ingest) or dismiss them
+    #[command(subcommand)]
+    Subscription(source::SubscriptionCommand),
     /// The MCP side: the stdio shim and session status
     #[command(subcommand)]
     Mcp(McpCommand),
@@ -227,6 +234,8 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Command::Remote(command) => remote::run(&connector, command),
         Command::Ingest { workspace, files } => cli::ingest(&connector, &workspace, &files),
+        Command::Source(command) => source::source(&connector, command),
+        Command::Subscription(command) => source::subscription(&connector, command),
         Command::Daemon(DaemonCommand::Start(daemon)) => cli::daemon_start(&connector, &daemon),
         Command::Daemon(DaemonCommand::Stop { timeout }) => {
             cli::daemon_stop(&connector, std::time::Duration::from_secs(timeout))

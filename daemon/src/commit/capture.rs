@@ -25,7 +25,7 @@ use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
 use crate::faults::crash_point;
 use crate::index;
-use crate::workspace::{Store, revision};
+use crate::workspace::{Store, git, revision};
 
 /// One file to capture.
 pub struct CaptureFile {
@@ -265,27 +265,34 @@ fn complete(store: &Store, manifest: &CaptureManifest) -> ToolResult<Vec<Capture
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        let id = state
-            .with_repo(&root, |repo| {
-                let head = repo.head()?.peel_to_commit()?;
-                if head.message().is_ok_and(|m| m.contains(&marker)) {
-                    return Ok(head.id());
-                }
-                let changes: Vec<crate::workspace::git::Change<'_>> = moved
-                    .iter()
-                    .map(|path| crate::workspace::git::Change {
-                        path,
-                        present: true,
-                    })
-                    .collect();
-                let author =
-                    git2::Signature::now("alexandria sources", "sources@alexandria.local")?;
-                crate::workspace::git::commit_changes(repo, &root, &changes, &message, &author)
-            })
-            .map_err(git_error)?;
-        for path in &moved {
-            state.index_pending(path);
-        }
+        let timeout = super::git_lock_timeout(store);
+        let id = state.with_repo(&root, |repo| -> ToolResult<git2::Oid> {
+            let head = repo.head()?.peel_to_commit()?;
+            if head.message().is_ok_and(|m| m.contains(&marker)) {
+                return Ok(head.id());
+            }
+            let contents: Vec<Vec<u8>> = moved
+                .iter()
+                .map(|path| fs::read(root.join(path)))
+                .collect::<Result<_, _>>()
+                .map_err(|e| io_error("reading a captured file", e))?;
+            let changes: Vec<git::Change<'_>> = moved
+                .iter()
+                .zip(&contents)
+                .map(|(path, bytes)| git::Change {
+                    path,
+                    content: git::Content::Bytes(bytes),
+                    stat: None,
+                })
+                .collect();
+            let author = git2::Signature::now("alexandria sources", "sources@alexandria.local")?;
+            let mut session = git::Session::begin(repo, timeout).map_err(git_error)?;
+            let id = session
+                .commit(&changes, &message, &author)
+                .map_err(git_error)?;
+            session.finish().map_err(git_error)?;
+            Ok(id)
+        })?;
         Some(id.to_string())
     };
     crash_point("capture_after_commit");

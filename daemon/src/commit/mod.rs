@@ -682,7 +682,7 @@ impl Page<'_, '_> {
 }
 
 /// How long a commit waits for someone else's `.git/index.lock`.
-fn git_lock_timeout(store: &Store) -> Duration {
+pub(crate) fn git_lock_timeout(store: &Store) -> Duration {
     Duration::from_secs_f64(store.config.write.lock_timeout_secs.clamp(0.05, 5.0))
 }
 

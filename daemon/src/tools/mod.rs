@@ -2,7 +2,7 @@
 //! function from parameters to a `ToolOutput` or a `ToolError`. `mcp` registers them;
 //! the web view and the CLI can call the same functions.
 //!
-//! May import: `commit` (the write path), `index`, `workspace`, `db`, `error`. Never
+//! May import: `sources` (adapters, read-only here), `commit` (the write path), `index`, `workspace`, `db`, `error`. Never
 //! `mcp`, `transport` or anything that knows a wire format.
 
 pub mod delete;
@@ -12,6 +12,8 @@ pub mod params;
 pub mod read;
 pub mod resources;
 pub mod search;
+pub mod sources;
+pub mod subscriptions;
 pub mod workspaces;
 pub mod write;
 
@@ -21,6 +23,8 @@ pub use history::{HistoryParams, history};
 pub use params::iso_time;
 pub use read::{ReadParams, read};
 pub use search::{SearchParams, search};
+pub use sources::{SourcesParams, sources};
+pub use subscriptions::{SubscriptionsParams, subscriptions};
 pub use write::{WriteParams, write};
 
 use std::path::{Path, PathBuf};

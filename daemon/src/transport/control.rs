@@ -429,6 +429,162 @@ sources:    {}",
                 json!({"revoked": 1, "client_id": client_id}),
             ))
         }
+        ControlRequest::SourceAdd(spec) => {
+            let source = crate::sources::add(store, spec)?;
+            Ok(done(
+                format!(
+                    "added {} source '{}' to {} ({}, every {}, {}); it syncs now in the background (`alexandria source sync {} {}` to wait for it)",
+                    source["kind"].as_str().unwrap_or(""),
+                    source["name"].as_str().unwrap_or(""),
+                    source["workspace"].as_str().unwrap_or(""),
+                    source["target"].as_str().unwrap_or(""),
+                    source["every"].as_str().unwrap_or(""),
+                    if source["auto"] == true {
+                        "captures new items itself"
+                    } else {
+                        "new items wait as pending subscriptions"
+                    },
+                    source["workspace"].as_str().unwrap_or(""),
+                    source["name"].as_str().unwrap_or(""),
+                ),
+                source,
+            ))
+        }
+        ControlRequest::SourceList { workspace } => {
+            let (text, data) = crate::sources::list(store, workspace.as_deref())?;
+            Ok(done(text, data))
+        }
+        ControlRequest::SourceSync { workspace, name } => {
+            source_sync(store, &workspace, name, progress)
+        }
+        ControlRequest::SourceSecret {
+            workspace,
+            name,
+            secret,
+        } => {
+            let data = crate::sources::set_secret(store, &workspace, &name, &secret)?;
+            Ok(done(
+                format!(
+                    "stored the credential of {workspace}/{name} in secrets/ (0600); it is used from the next sync"
+                ),
+                data,
+            ))
+        }
+        ControlRequest::SourceRemove { workspace, name } => {
+            let data = crate::sources::remove(store, &workspace, &name)?;
+            Ok(done(
+                format!(
+                    "removed source '{name}' from {workspace}; what it captured stays in raw/sources/{name}/"
+                ),
+                data,
+            ))
+        }
+        ControlRequest::SubscriptionList {
+            workspace,
+            source,
+            state,
+        } => {
+            store.require_workspace(&workspace)?;
+            let connection = store.pool.get()?;
+            let items = crate::sources::items(
+                &connection,
+                &workspace,
+                source.as_deref(),
+                state.as_deref(),
+                10_000,
+                0,
+            )?;
+            let mut text = String::new();
+            for item in &items {
+                text.push_str(&format!(
+                    "{:>6} {:<9} {:<16} {}{}
+",
+                    item.id,
+                    item.state,
+                    item.source,
+                    item.title,
+                    item.raw_path
+                        .as_deref()
+                        .map(|p| format!(" → {p}"))
+                        .unwrap_or_default()
+                ));
+                if let Some(error) = &item.error {
+                    text.push_str(&format!(
+                        "         error: {error}
+"
+                    ));
+                }
+            }
+            if items.is_empty() {
+                text = "no items".into();
+            }
+            let data: Vec<serde_json::Value> = items
+                .iter()
+                .map(|item| crate::sources::item_json(&workspace, item))
+                .collect();
+            Ok(done(text.trim_end().to_string(), json!(data)))
+        }
+        ControlRequest::SubscriptionIngest {
+            workspace,
+            items,
+            source,
+            all,
+        } => {
+            store.require_workspace(&workspace)?;
+            let source_id = match (&source, all) {
+                (Some(name), true) => {
+                    let connection = store.pool.get()?;
+                    Some(crate::sources::find(&connection, &workspace, name)?.id)
+                }
+                (None, false) if !items.is_empty() => None,
+                _ => {
+                    return Err(ToolError::invalid_argument(
+                        "name item ids, or --source <name> --all",
+                        format!(
+                            "list pending items with `alexandria subscription list {workspace}`"
+                        ),
+                    ));
+                }
+            };
+            let outcome =
+                crate::sources::capture_items(store, &workspace, source_id, &items, true)?;
+            let mut text = format!("captured {} item(s)", outcome.captured.len());
+            for (id, path) in &outcome.captured {
+                text.push_str(&format!(
+                    "
+  + {id} → {path}"
+                ));
+            }
+            for (id, error) in &outcome.failed {
+                text.push_str(&format!(
+                    "
+  ! {id}: {error}"
+                ));
+            }
+            let data = json!({
+                "captured": outcome.captured.iter().map(|(id, path)| json!({"id": id, "raw_path": path})).collect::<Vec<_>>(),
+                "failed": outcome.failed.iter().map(|(id, error)| json!({"id": id, "error": error})).collect::<Vec<_>>(),
+            });
+            if !outcome.failed.is_empty() && outcome.captured.is_empty() {
+                return Err(ToolError::new(
+                    ErrorCode::Internal,
+                    text,
+                    "the items stay failed with their error; retry later with the same command",
+                ));
+            }
+            Ok(done(text, data))
+        }
+        ControlRequest::SubscriptionDismiss { workspace, items } => {
+            store.require_workspace(&workspace)?;
+            let dismissed = crate::sources::dismiss(store, &workspace, &items)?;
+            Ok(done(
+                format!(
+                    "dismissed {} item(s); they will not come back",
+                    dismissed.len()
+                ),
+                json!({"dismissed": dismissed}),
+            ))
+        }
         ControlRequest::Stop => Ok(done(
             format!("alexandriad (pid {}) is stopping", std::process::id()),
             json!({"pid": std::process::id()}),
@@ -541,6 +697,70 @@ fn remote_status(context: &DaemonContext) -> Result<ControlReply, ToolError> {
         grants,
     );
     Ok(done(text, data))
+}
+
+/// `source sync`: one source or all of the workspace's, with progress; fails (exit 1)
+/// when a source failed, after syncing every other one.
+fn source_sync(
+    store: &Arc<Store>,
+    workspace: &str,
+    name: Option<String>,
+    progress: &dyn Fn(u64, u64, &str),
+) -> Result<ControlReply, ToolError> {
+    store.require_workspace(workspace)?;
+    let names: Vec<String> = match name {
+        Some(name) => vec![name],
+        None => {
+            let connection = store.pool.get()?;
+            crate::sources::all(&connection, Some(workspace))?
+                .into_iter()
+                .map(|s| s.name)
+                .collect()
+        }
+    };
+    let total = names.len() as u64;
+    let mut reports = Vec::new();
+    let mut text = String::new();
+    let mut failed = 0;
+    for (i, name) in names.iter().enumerate() {
+        progress(i as u64, total, name);
+        let report = crate::sources::sync_now(store, workspace, name)?;
+        match &report.error {
+            Some(error) => {
+                failed += 1;
+                text.push_str(&format!(
+                    "{name}: failed: {error} (next try {})\n",
+                    report.next_check.as_deref().unwrap_or("?")
+                ));
+            }
+            None => text.push_str(&format!(
+                "{name}: {}{} new item(s){}\n",
+                if report.not_modified {
+                    "not modified, "
+                } else {
+                    ""
+                },
+                report.new,
+                if report.captured.is_empty() {
+                    String::new()
+                } else {
+                    format!(", captured {}", report.captured.len())
+                }
+            )),
+        }
+        reports.push(report);
+        progress(i as u64 + 1, total, name);
+    }
+    if names.is_empty() {
+        text = format!("workspace '{workspace}' has no sources");
+    }
+    if failed > 0 {
+        text.push_str(&format!(
+            "{failed} of {total} source(s) failed; they back off and retry by themselves (`alexandria source list {workspace}` shows the error and next check)"
+        ));
+    }
+    let data = serde_json::to_value(&reports).unwrap_or_default();
+    Ok(done(text.trim_end().to_string(), data))
 }
 
 /// The reply to an ingest: what was added, already there, skipped, and problems.
