@@ -8,6 +8,7 @@ pub mod httpd;
 pub mod machine;
 pub mod pdf;
 pub mod procs;
+pub mod rebuild;
 pub mod report;
 pub mod run;
 pub mod sources;

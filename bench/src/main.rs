@@ -42,6 +42,11 @@ struct Args {
     /// (its raw/ and wiki/), then exit: for profiling by hand
     #[arg(long, value_name = "WORKSPACE_DIR")]
     generate_only: Option<PathBuf>,
+    /// Only measure how long a restart takes to rebuild a lost or corrupted state.db
+    /// (issue 18), for each size, after this many agent writes; prints the table and
+    /// writes no report
+    #[arg(long, value_name = "WRITES")]
+    rebuild: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -86,6 +91,19 @@ fn run_main() -> Result<()> {
         return Ok(());
     }
     let binaries = Binaries::locate(args.bin_dir.as_deref())?;
+    if let Some(writes) = args.rebuild {
+        let mut rows = Vec::new();
+        for &pages in &settings.sizes {
+            rows.extend(alexandria_bench::rebuild::run(
+                &binaries,
+                settings.seed,
+                pages,
+                writes,
+            )?);
+        }
+        print_results(&report::table(&rows), "");
+        return Ok(());
+    }
     let machine = Machine::describe(std::path::Path::new("/tmp"));
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let load_at_start = procs::load_average();

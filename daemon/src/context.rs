@@ -81,6 +81,7 @@ impl DaemonContext {
             "http_tokens": self.auth.tokens_enabled(),
             "sessions": self.sessions.snapshot(),
             "workspaces": self.store.list_workspaces(),
+            "state_db": self.store.db_report,
         })
     }
 }

@@ -3,8 +3,8 @@
 //! Only the daemon opens this file. Every table is created by `MIGRATIONS`, applied in
 //! order inside one transaction each and recorded in `PRAGMA user_version`.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::Connection;
@@ -14,8 +14,16 @@ pub type PooledConnection = r2d2::PooledConnection<SqliteConnectionManager>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    #[error("cannot open {path}: {source}")]
-    Open { path: String, source: r2d2::Error },
+    #[error("cannot use {path}: {source}")]
+    Unusable {
+        path: String,
+        source: rusqlite::Error,
+    },
+    #[error("cannot move the damaged {path} aside: {source}")]
+    MoveAside {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("database pool: {0}")]
@@ -200,13 +208,230 @@ CREATE TABLE source_items (
 );
 CREATE INDEX source_items_state ON source_items(source_id, state);
 "#,
+    // 6: history rebuilt from git (issue 18). Runs are keyed per workspace (a
+    // workspace copied by hand carries the same run ids), and a history entry names
+    // its commit, so that importing a commit twice records it once.
+    r#"
+CREATE TABLE runs_by_workspace (
+    workspace TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    client TEXT,
+    session TEXT,
+    state TEXT NOT NULL,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    commit_id TEXT,
+    PRIMARY KEY (workspace, run_id)
+);
+INSERT INTO runs_by_workspace(workspace, run_id, tool, client, session, state, started_at, finished_at, commit_id)
+    SELECT workspace, run_id, tool, client, session, state, started_at, finished_at, commit_id FROM runs;
+DROP TABLE runs;
+ALTER TABLE runs_by_workspace RENAME TO runs;
+CREATE UNIQUE INDEX wiki_log_commit ON wiki_log_entries(workspace, commit_id, path)
+    WHERE commit_id IS NOT NULL;
+"#,
 ];
 
-/// Open the pool on `path`, creating the file, and apply pending migrations.
-/// `busy_timeout` is how long a statement waits for a lock held by another
-/// connection (or another process) before failing with `SQLITE_BUSY`.
+/// What opening `state.db` found and did, for the log and `daemon status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct OpenReport {
+    pub path: String,
+    /// A new, empty state.db was made at this start (there was none, or the old one
+    /// was moved aside), so the catalogue, index and history are rebuilt from the
+    /// workspaces.
+    pub rebuilt: bool,
+    /// Why it was rebuilt: missing, or what was wrong with the old file.
+    pub reason: Option<String>,
+    /// Where the old file went (`state.db.corrupt-<time>`, with its `-wal`/`-shm`).
+    pub moved_to: Option<String>,
+    /// When (RFC 3339).
+    pub at: String,
+    /// How long opening and checking took.
+    pub check_ms: u64,
+}
+
+/// Open `state.db` for the daemon: check an existing file (SQLite header, `PRAGMA
+/// quick_check`, schema version, tables and columns), move a damaged one aside as
+/// `state.db.corrupt-<time>` (never deleted) and start a new one. An error here is one
+/// that a new file would not fix (the path cannot be opened, is locked, the disk is
+/// full); it comes back at once, never after a pool timeout.
+pub fn open_checked(path: &Path, busy_timeout: Duration) -> Result<(Pool, OpenReport), DbError> {
+    let started = Instant::now();
+    let mut report = OpenReport {
+        path: path.display().to_string(),
+        at: iso_time(now_ms()),
+        ..OpenReport::default()
+    };
+    if path.symlink_metadata().is_err() {
+        report.rebuilt = true;
+        report.reason = Some("there was no state.db".into());
+    } else if let Err(reason) = check(path, busy_timeout)? {
+        let moved = move_aside(path).map_err(|source| DbError::MoveAside {
+            path: path.display().to_string(),
+            source,
+        })?;
+        report.rebuilt = true;
+        report.reason = Some(reason);
+        report.moved_to = Some(moved.display().to_string());
+    }
+    let pool = open(path, busy_timeout)?;
+    report.check_ms = started.elapsed().as_millis() as u64;
+    Ok((pool, report))
+}
+
+/// Whether an SQLite error says the file is damaged or not ours (so a new file fixes
+/// it), as opposed to a problem of the machine (locked, unreadable, disk full).
+fn is_damage(error: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::*;
+    let code = match error {
+        rusqlite::Error::SqliteFailure(failure, _) => Some(failure.code),
+        rusqlite::Error::SqlInputError { error, .. } => Some(error.code),
+        other => other.sqlite_error_code(),
+    };
+    !matches!(
+        code,
+        Some(
+            DatabaseBusy
+                | DatabaseLocked
+                | CannotOpen
+                | ReadOnly
+                | DiskFull
+                | SystemIoFailure
+                | PermissionDenied
+                | OutOfMemory
+                | FileLockingProtocolFailed
+        )
+    )
+}
+
+/// Check an existing state.db: `Ok(Err(reason))` when it is damaged (or of a schema
+/// this build does not know) and should be moved aside. Applies pending migrations.
+fn check(path: &Path, busy_timeout: Duration) -> Result<Result<(), String>, DbError> {
+    let classify = |what: &str, error: rusqlite::Error| -> Result<Result<(), String>, DbError> {
+        if is_damage(&error) {
+            Ok(Err(format!("{what}: {error}")))
+        } else {
+            Err(DbError::Unusable {
+                path: path.display().to_string(),
+                source: error,
+            })
+        }
+    };
+    let flags =
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut connection = match Connection::open_with_flags(path, flags) {
+        Ok(connection) => connection,
+        Err(error) => return classify("cannot open it", error),
+    };
+    if let Err(error) = connection.busy_timeout(busy_timeout) {
+        return classify("cannot open it", error);
+    }
+    let verdict: rusqlite::Result<Vec<String>> = (|| {
+        let mut statement = connection.prepare("PRAGMA quick_check")?;
+        let rows = statement.query_map([], |row| row.get::<_, String>(0))?;
+        rows.collect()
+    })();
+    match verdict {
+        Ok(lines) if lines.len() == 1 && lines[0] == "ok" => {}
+        Ok(lines) => {
+            let mut shown: Vec<String> = lines.into_iter().take(3).collect();
+            shown.dedup();
+            return Ok(Err(format!(
+                "PRAGMA quick_check failed: {}",
+                shown.join("; ")
+            )));
+        }
+        Err(error) => return classify("it is not a readable SQLite database", error),
+    }
+    match migrate(&mut connection) {
+        Ok(()) => {}
+        Err(DbError::TooNew { found, known }) => {
+            return Ok(Err(format!(
+                "its schema version {found} is newer than this build knows ({known})"
+            )));
+        }
+        Err(DbError::Sqlite(error)) => return classify("its schema cannot be migrated", error),
+        Err(other) => return Err(other),
+    }
+    match schema_differences(&connection) {
+        Ok(differences) if differences.is_empty() => Ok(Ok(())),
+        Ok(differences) => Ok(Err(format!(
+            "its tables are not this build's: {}",
+            differences.join("; ")
+        ))),
+        Err(DbError::Sqlite(error)) => classify("its schema cannot be read", error),
+        Err(other) => Err(other),
+    }
+}
+
+/// Tables or columns that `connection` lacks or has differently from a database made
+/// by `MIGRATIONS`.
+fn schema_differences(connection: &Connection) -> Result<Vec<String>, DbError> {
+    let mut expected = Connection::open_in_memory()?;
+    migrate(&mut expected)?;
+    let tables = |connection: &Connection| -> rusqlite::Result<Vec<String>> {
+        let mut statement = connection.prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+        )?;
+        let rows = statement.query_map([], |row| row.get(0))?;
+        rows.collect()
+    };
+    let columns = |connection: &Connection, table: &str| -> rusqlite::Result<Vec<String>> {
+        let mut statement =
+            connection.prepare("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?1)")?;
+        let rows = statement.query_map([table], |row| {
+            Ok(format!(
+                "{} {} {} {}",
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, i64>(2)?,
+                row.get::<_, i64>(3)?
+            ))
+        })?;
+        rows.collect()
+    };
+    let mut differences = Vec::new();
+    for table in tables(&expected)? {
+        let want = columns(&expected, &table)?;
+        let have = columns(connection, &table)?;
+        if have.is_empty() {
+            differences.push(format!("no table {table}"));
+        } else if have != want {
+            differences.push(format!("table {table} has other columns"));
+        }
+    }
+    Ok(differences)
+}
+
+/// Rename `path` (and its `-wal`, `-shm`) to `<path>.corrupt-<time>`; never deletes.
+fn move_aside(path: &Path) -> std::io::Result<PathBuf> {
+    let stamp = iso_time(now_ms()).replace(':', "-");
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "state.db".into());
+    let mut target = path.with_file_name(format!("{name}.corrupt-{stamp}"));
+    let mut n = 2;
+    while target.symlink_metadata().is_ok() {
+        target = path.with_file_name(format!("{name}.corrupt-{stamp}-{n}"));
+        n += 1;
+    }
+    std::fs::rename(path, &target)?;
+    for suffix in ["-wal", "-shm"] {
+        let companion = PathBuf::from(format!("{}{suffix}", path.display()));
+        if companion.symlink_metadata().is_ok() {
+            std::fs::rename(&companion, format!("{}{suffix}", target.display()))?;
+        }
+    }
+    Ok(target)
+}
+
+/// Open the pool on `path`, creating the file, and apply pending migrations. One
+/// connection is opened and migrated first, so that a failure is reported at once
+/// (r2d2 would retry until its connection timeout).
 pub fn open(path: &Path, busy_timeout: Duration) -> Result<Pool, DbError> {
-    let manager = SqliteConnectionManager::file(path).with_init(move |connection| {
+    let init = move |connection: &mut Connection| -> rusqlite::Result<()> {
         connection.execute_batch(
             "PRAGMA journal_mode = WAL;
              PRAGMA synchronous = NORMAL;
@@ -214,17 +439,21 @@ pub fn open(path: &Path, busy_timeout: Duration) -> Result<Pool, DbError> {
              PRAGMA temp_store = MEMORY;",
         )?;
         connection.busy_timeout(busy_timeout)
-    });
+    };
+    let unusable = |source: rusqlite::Error| DbError::Unusable {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut first = Connection::open(path).map_err(unusable)?;
+    init(&mut first).map_err(unusable)?;
+    migrate(&mut first)?;
+    drop(first);
+    let manager = SqliteConnectionManager::file(path).with_init(init);
     let pool = r2d2::Pool::builder()
         .max_size(8)
+        .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(15))
-        .build(manager)
-        .map_err(|source| DbError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
-    let mut connection = pool.get()?;
-    migrate(&mut connection)?;
+        .build_unchecked(manager);
     Ok(pool)
 }
 
@@ -242,6 +471,30 @@ pub fn migrate(connection: &mut Connection) -> Result<(), DbError> {
         transaction.commit()?;
     }
     Ok(())
+}
+
+/// Milliseconds since the epoch as an RFC 3339 UTC timestamp.
+pub fn iso_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant), proleptic Gregorian.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Milliseconds since the Unix epoch.
@@ -284,5 +537,110 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .expect("mode");
         assert_eq!(mode, "wal");
+    }
+
+    fn populated(path: &Path) {
+        let pool = open(path, Duration::from_secs(1)).expect("open");
+        let connection = pool.get().expect("conn");
+        for n in 0..500 {
+            connection
+                .execute(
+                    "INSERT INTO wiki_log_entries(ts, workspace, op, path, origin) VALUES (?1, 'w', 'create', ?2, 'agent')",
+                    rusqlite::params![n, format!("wiki/{n}-{}.md", "x".repeat(200))],
+                )
+                .expect("insert");
+        }
+        connection
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .expect("checkpoint");
+    }
+
+    #[test]
+    fn damaged_files_are_moved_aside_and_replaced() {
+        type Damage = fn(&Path);
+        let cases: [(&str, Damage); 5] = [
+            ("not a readable SQLite database", |p| {
+                std::fs::write(p, [0x5a_u8; 4096]).expect("write")
+            }),
+            ("", |p| {
+                populated(p);
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .expect("open");
+                let len = file.metadata().expect("len").len();
+                file.set_len(len / 3).expect("truncate");
+            }),
+            ("tables are not this build's", |p| {
+                let c = Connection::open(p).expect("open");
+                c.execute_batch(&format!(
+                    "CREATE TABLE files(name); PRAGMA user_version = {};",
+                    MIGRATIONS.len()
+                ))
+                .expect("schema");
+            }),
+            ("cannot be migrated", |p| {
+                let c = Connection::open(p).expect("open");
+                c.execute_batch("CREATE TABLE workspaces(x);")
+                    .expect("schema");
+            }),
+            ("newer than this build", |p| {
+                let c = Connection::open(p).expect("open");
+                c.execute_batch("PRAGMA user_version = 999;")
+                    .expect("schema");
+            }),
+        ];
+        for (expected, damage) in cases {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("state.db");
+            damage(&path);
+            let started = Instant::now();
+            let (pool, report) = open_checked(&path, Duration::from_secs(1)).expect("open");
+            assert!(started.elapsed() < Duration::from_secs(2), "{expected}");
+            assert!(report.rebuilt, "{expected}");
+            let reason = report.reason.expect("reason");
+            assert!(reason.contains(expected), "{expected}: {reason}");
+            let moved = PathBuf::from(report.moved_to.expect("moved"));
+            assert!(moved.is_file(), "{expected}: kept");
+            let count: i64 = pool
+                .get()
+                .expect("conn")
+                .query_row("SELECT count(*) FROM wiki_log_entries", [], |r| r.get(0))
+                .expect("fresh db works");
+            assert_eq!(count, 0);
+            drop(pool);
+            // The new file is sound: the next open keeps it.
+            let (_, again) = open_checked(&path, Duration::from_secs(1)).expect("reopen");
+            assert!(!again.rebuilt, "{expected}: {again:?}");
+        }
+    }
+
+    #[test]
+    fn a_sound_file_is_kept_and_a_missing_one_is_made() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        let (_, first) = open_checked(&path, Duration::from_secs(1)).expect("open");
+        assert!(first.rebuilt && first.moved_to.is_none());
+        populated(&path);
+        let (pool, second) = open_checked(&path, Duration::from_secs(1)).expect("open");
+        assert!(!second.rebuilt, "{second:?}");
+        let count: i64 = pool
+            .get()
+            .expect("conn")
+            .query_row("SELECT count(*) FROM wiki_log_entries", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(count, 500);
+    }
+
+    #[test]
+    fn an_unusable_path_fails_at_once_and_is_not_moved() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        std::fs::create_dir(&path).expect("mkdir");
+        let started = Instant::now();
+        let error = open_checked(&path, Duration::from_secs(1)).expect_err("a directory");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(error.to_string().contains("state.db"), "{error}");
+        assert!(path.is_dir(), "left where it was");
     }
 }

@@ -146,7 +146,10 @@ fn place_and_commit(
             store,
             workspace,
             &sources,
-            &format!("alexandria: ingest {} source(s)", sources.len()),
+            &crate::workspace::message::internal(
+                crate::workspace::message::OP_INGEST,
+                &format!("alexandria: ingest {} source(s)", sources.len()),
+            ),
         )?;
     }
     staging.keep();

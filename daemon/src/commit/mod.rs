@@ -22,6 +22,7 @@
 pub mod capture;
 pub mod ingest;
 pub mod place;
+pub mod rebuild;
 pub mod recover;
 pub mod watch;
 
@@ -43,7 +44,7 @@ use crate::error::{ToolError, ToolResult};
 use crate::faults::crash_point;
 use crate::index;
 use crate::workspace::git;
-use crate::workspace::{LockGuard, Store, revision};
+use crate::workspace::{LockGuard, Store, message, revision};
 
 /// Largest page a write may produce.
 pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
@@ -271,8 +272,8 @@ fn complete(store: &Store, manifest: &Manifest, changed: &Cell<bool>) -> ToolRes
         let connection = store.pool.get()?;
         let recorded: Option<Option<String>> = connection
             .query_row(
-                "SELECT commit_id FROM runs WHERE run_id = ?1",
-                params![manifest.run_id],
+                "SELECT commit_id FROM runs WHERE workspace = ?1 AND run_id = ?2",
+                params![workspace, manifest.run_id],
                 |r| r.get(0),
             )
             .optional()?;
@@ -345,8 +346,8 @@ fn complete(store: &Store, manifest: &Manifest, changed: &Cell<bool>) -> ToolRes
     };
     let already: bool = transaction
         .query_row(
-            "SELECT count(*) FROM runs WHERE run_id = ?1",
-            params![manifest.run_id],
+            "SELECT count(*) FROM runs WHERE workspace = ?1 AND run_id = ?2",
+            params![workspace, manifest.run_id],
             |r| r.get::<_, i64>(0),
         )
         .map(|n| n > 0)?;
@@ -356,8 +357,10 @@ fn complete(store: &Store, manifest: &Manifest, changed: &Cell<bool>) -> ToolRes
              VALUES (?1, ?2, ?3, ?4, ?5, 'committed', ?6, ?7, ?8)",
             params![manifest.run_id, workspace, manifest.tool, manifest.client, manifest.session, manifest.started_at, now, commit],
         )?;
+        // OR IGNORE: a history import from git may have recorded this commit already.
         transaction.execute(
-            "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'agent', ?7)",
+            "INSERT OR IGNORE INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'agent', ?7)",
             params![now, workspace, manifest.run_id, manifest.op, manifest.path, manifest.summary, commit],
         )?;
         transaction.execute(
@@ -416,8 +419,10 @@ impl Page<'_, '_> {
             .head()
             .and_then(|h| h.peel_to_commit())
             .map_err(git2_error)?;
-        let marker = format!("run: {}", manifest.run_id);
-        if head.message().is_ok_and(|m| m.contains(&marker)) {
+        if head
+            .message()
+            .is_ok_and(|m| message::names_run(m, &manifest.run_id))
+        {
             // Committed before a crash; the index may not have followed.
             self.changed.set(true);
             self.session
@@ -448,18 +453,20 @@ impl Page<'_, '_> {
             (None, None) => return Err(ToolError::internal("run manifest", "nothing to do")),
         };
         crash_point("after_move");
-        let client = manifest
-            .client
-            .clone()
-            .unwrap_or_else(|| "unknown client".into());
-        let author = git2::Signature::now(&client, "agent@alexandria.local").map_err(git2_error)?;
-        let message = format!(
-            "{} via alexandria\n\n{marker}\ntool: {} {}\nclient: {client}\nsession: {}\n",
-            manifest.summary,
-            manifest.tool,
-            manifest.op,
-            manifest.session.as_deref().unwrap_or("-")
-        );
+        let author = git2::Signature::now(
+            &message::author_name(manifest.client.as_deref()),
+            "agent@alexandria.local",
+        )
+        .map_err(git2_error)?;
+        let message = message::agent(&message::AgentCommit {
+            run_id: manifest.run_id.clone(),
+            op: manifest.op.clone(),
+            path: manifest.path.clone(),
+            tool: manifest.tool.clone(),
+            client: manifest.client.clone(),
+            session: manifest.session.clone(),
+            summary: manifest.summary.clone(),
+        });
         let change = git::Change {
             path: &manifest.path,
             content: git::Content::of(bytes.as_deref()),
@@ -505,9 +512,11 @@ impl Page<'_, '_> {
             .id()
             .to_string();
         let path = &self.manifest.path;
-        let message = format!(
-            "{op} {path}\n\nSaved outside alexandria (an editor, a sync tool) while an agent was writing \
-             the page; committed as found, before the agent's write, so that no version is lost.\n"
+        let message = message::outside(
+            op,
+            &format!("{op} {path}"),
+            "Saved outside alexandria (an editor, a sync tool) while an agent was writing \
+             the page; committed as found, before the agent's write, so that no version is lost.",
         );
         let author = git2::Signature::now("outside alexandria", "outside@alexandria.local")
             .map_err(git2_error)?;
@@ -883,8 +892,10 @@ pub(crate) fn roll_back(store: &Store, manifest: &Manifest) {
     let result = store.state(&manifest.workspace).with_repo(&root, |repo| {
         let mut session = git::Session::begin(repo, timeout)?;
         let mut head = repo.head()?.peel_to_commit()?;
-        let marker = format!("run: {}", manifest.run_id);
-        if head.message().is_ok_and(|m| m.contains(&marker)) {
+        if head
+            .message()
+            .is_ok_and(|m| message::names_run(m, &manifest.run_id))
+        {
             let parent = head.parent(0)?;
             session.reset_soft(&parent)?;
             head = parent;

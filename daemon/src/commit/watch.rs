@@ -49,6 +49,15 @@ fn run(store: &Store) {
             if watched.contains(&slug) {
                 continue;
             }
+            // A workspace state.db does not know (a new state.db, a folder copied or
+            // cloned in by hand) gets its history from git first, once git is done
+            // writing it (a clone in progress is looked at again next round).
+            if !super::rebuild::settled(&store.workspace_dir(&slug)) {
+                continue;
+            }
+            if let Err(error) = super::rebuild::ensure_history(store, &slug) {
+                tracing::warn!(workspace = %slug, %error, "cannot rebuild history from git");
+            }
             let ok = watcher.as_mut().is_some_and(|w| {
                 ["raw", "wiki"].iter().all(|layer| {
                     w.watch(
@@ -104,6 +113,12 @@ fn run(store: &Store) {
 
 fn full_rescan(store: &Store) {
     for slug in store.list_workspaces() {
+        if !super::rebuild::settled(&store.workspace_dir(&slug)) {
+            continue;
+        }
+        if let Err(error) = super::rebuild::ensure_history(store, &slug) {
+            tracing::warn!(workspace = %slug, %error, "cannot rebuild history from git");
+        }
         match index::catch_up(store, &slug) {
             Ok(result) if result.indexed + result.removed > 0 => {
                 tracing::info!(workspace = %slug, ?result, "rescan found changes");

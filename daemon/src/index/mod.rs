@@ -14,6 +14,7 @@ pub use search::{Hit, SearchQuery, fts_query, list, search};
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use alexandria_proto::paths::Layer;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -282,6 +283,13 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
         .filter(|p| !on_disk.contains_key(*p) && (hidden(p) || !root.join(p).exists()))
         .collect();
     let mut notify = Vec::new();
+    let progress = &state.indexing;
+    progress.done.store(0, Ordering::Release);
+    progress
+        .total
+        .store(changed.len() as u64, Ordering::Release);
+    progress.running.store(true, Ordering::Release);
+    let _running = ClearOnDrop(&progress.running);
     for batch in changed.chunks(256) {
         let transaction = connection.transaction()?;
         for (relative, absolute, is_new) in batch {
@@ -302,6 +310,9 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
             }
         }
         transaction.commit()?;
+        progress
+            .done
+            .fetch_add(batch.len() as u64, Ordering::AcqRel);
     }
     if !removed.is_empty() {
         let transaction = connection.transaction()?;
@@ -328,6 +339,15 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
         store.changed(workspace, relative);
     }
     Ok(result)
+}
+
+/// Clears a flag however the scope ends.
+struct ClearOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// Re-index the given workspace-relative paths (from file notifications): changed

@@ -9,7 +9,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::params::iso_time;
-use super::{ToolOutput, resolve_workspace};
+use super::{ToolOutput, bound_workspace};
+use crate::commit::rebuild::ensure_history;
 use crate::error::ToolResult;
 use crate::index::{self};
 use crate::workspace::{Store, git};
@@ -27,7 +28,7 @@ const GUIDE_INTRO: &str = "alexandria is the user's local, git-backed markdown w
 pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResult<ToolOutput> {
     let describe_one = match (binding, params.workspace.as_deref()) {
         (Binding::Open, None) => None,
-        _ => Some(resolve_workspace(
+        _ => Some(bound_workspace(
             store,
             binding,
             params.workspace.as_deref(),
@@ -44,20 +45,27 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
                 "Workspaces (pass one as workspace=\"<slug>\" on every call):"
             );
             for slug in store.list_workspaces() {
-                index::ensure_caught_up(store, &slug)?;
+                // Never wait for a catch-up here: say how far it is.
+                let indexing = store.state(&slug).indexing_note();
+                ensure_history(store, &slug)?;
                 let counts = index::counts(&connection, &slug, 0)?;
                 let last = last_change(&connection, &slug)?;
                 let _ = writeln!(
                     text,
-                    "- {slug}: {} wiki pages, {} raw sources{}",
+                    "- {slug}: {} wiki pages, {} raw sources{}{}",
                     counts.wiki,
                     counts.raw,
                     last.as_ref()
                         .map(|(ts, path)| format!(", last change {} ({path})", iso_time(*ts)))
+                        .unwrap_or_default(),
+                    indexing
+                        .as_ref()
+                        .map(|note| format!(" ({note}; counts so far)"))
                         .unwrap_or_default()
                 );
                 workspaces.push(json!({
                     "workspace": slug,
+                    "indexing": indexing,
                     "wiki_pages": counts.wiki,
                     "raw_sources": counts.raw,
                     "last_change": last.map(|(ts, path)| json!({"ts": iso_time(ts), "path": path})),
@@ -70,6 +78,8 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
             })
         }
         Some(slug) => {
+            let indexing = store.state(&slug).indexing_note();
+            ensure_history(store, &slug)?;
             let counts = index::counts(&connection, &slug, 20)?;
             let (pending, source_lines) = crate::sources::guide_lines(&connection, &slug)?;
             let mut statement = connection.prepare_cached(
@@ -92,8 +102,13 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
             };
             let _ = writeln!(
                 text,
-                "Workspace '{slug}' ({mode} session): {} wiki pages, {} raw sources, {pending} pending subscription items.",
-                counts.wiki, counts.raw
+                "Workspace '{slug}' ({mode} session): {} wiki pages, {} raw sources, {pending} pending subscription items.{}",
+                counts.wiki,
+                counts.raw,
+                indexing
+                    .as_ref()
+                    .map(|note| format!(" Still {note}: counts so far; search waits for it."))
+                    .unwrap_or_default()
             );
             let git = git_status(store, &slug);
             text.push_str(&git.0);
@@ -135,6 +150,7 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
                 structured: json!({
                     "mode": mode,
                     "workspace": slug,
+                    "indexing": indexing,
                     "wiki_pages": counts.wiki,
                     "raw_sources": counts.raw,
                     "pending_subscription_items": pending,

@@ -42,6 +42,7 @@ pub struct HistoryParams {
 
 pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolResult<ToolOutput> {
     let workspace = resolve_workspace(store, binding, params.workspace.as_deref())?;
+    crate::commit::rebuild::ensure_history(store, &workspace)?;
     let now = now_ms();
     let bound = |value: &Option<String>, name: &str| -> ToolResult<Option<i64>> {
         match value.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
@@ -66,10 +67,12 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
     let offset = crate::tools::params::parse_cursor(params.cursor.as_deref())?;
     let connection = store.pool.get()?;
     let mut statement = connection.prepare_cached(
-        "SELECT ts, op, path, run_id, summary, origin, commit_id, previous_commit FROM wiki_log_entries
-         WHERE workspace = ?1 AND (?2 IS NULL OR ts >= ?2) AND (?3 IS NULL OR ts < ?3)
-           AND (?4 IS NULL OR op = ?4) AND (?5 IS NULL OR run_id = ?5)
-         ORDER BY ts DESC, id DESC",
+        "SELECT e.ts, e.op, e.path, e.run_id, e.summary, e.origin, e.commit_id, e.previous_commit, r.client, r.tool
+         FROM wiki_log_entries e
+         LEFT JOIN runs r ON r.workspace = e.workspace AND r.run_id = e.run_id
+         WHERE e.workspace = ?1 AND (?2 IS NULL OR e.ts >= ?2) AND (?3 IS NULL OR e.ts < ?3)
+           AND (?4 IS NULL OR e.op = ?4) AND (?5 IS NULL OR e.run_id = ?5)
+         ORDER BY e.ts DESC, e.id DESC",
     )?;
     let mut rows = statement.query(params![workspace, since, until, params.op, params.run_id])?;
     let mut entries = Vec::new();
@@ -97,6 +100,8 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
             "origin": row.get::<_, String>(5)?,
             "commit": row.get::<_, Option<String>>(6)?,
             "previous_commit": row.get::<_, Option<String>>(7)?,
+            "client": row.get::<_, Option<String>>(8)?,
+            "tool": row.get::<_, Option<String>>(9)?,
         }));
     }
     let next_cursor = more.then(|| (offset + entries.len()).to_string());
@@ -107,7 +112,7 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
     for entry in &entries {
         let short = |key: &str| entry[key].as_str().map(|c| &c[..c.len().min(12)]);
         text.push_str(&format!(
-            "- {} {} {} [{}{}{}]{}\n",
+            "- {} {} {} [{}{}{}{}]{}\n",
             entry["ts"].as_str().unwrap_or(""),
             entry["op"].as_str().unwrap_or(""),
             entry["path"].as_str().unwrap_or(""),
@@ -115,6 +120,10 @@ pub fn history(store: &Store, binding: &Binding, params: HistoryParams) -> ToolR
             entry["run_id"]
                 .as_str()
                 .map(|r| format!(", {r}"))
+                .unwrap_or_default(),
+            entry["client"]
+                .as_str()
+                .map(|c| format!(", {c}"))
                 .unwrap_or_default(),
             short("commit")
                 .map(|c| format!(", commit {c}"))

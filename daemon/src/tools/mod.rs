@@ -59,6 +59,18 @@ pub fn resolve_workspace(
     binding: &Binding,
     given: Option<&str>,
 ) -> ToolResult<String> {
+    let slug = bound_workspace(store, binding, given)?;
+    index::ensure_caught_up(store, &slug)?;
+    Ok(slug)
+}
+
+/// The workspace a call names, checked against the session's binding, without waiting
+/// for its index to catch up (`guide` reports the progress instead).
+pub fn bound_workspace(
+    store: &Store,
+    binding: &Binding,
+    given: Option<&str>,
+) -> ToolResult<String> {
     let given = given.map(str::trim).filter(|s| !s.is_empty());
     let slug = match (binding, given) {
         (Binding::Open, None) => {
@@ -81,7 +93,6 @@ pub fn resolve_workspace(
         }
     };
     store.require_workspace(&slug)?;
-    index::ensure_caught_up(store, &slug)?;
     Ok(slug)
 }
 

@@ -4,29 +4,9 @@ use alexandria_proto::paths::{self, Layer};
 
 use crate::error::{ToolError, ToolResult};
 
-/// Milliseconds since the epoch as an RFC 3339 UTC timestamp.
-pub fn iso_time(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil-from-days (Howard Hinnant), proleptic Gregorian.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
+/// Milliseconds since the epoch as an RFC 3339 UTC timestamp (lives in `db`, which
+/// names moved-aside files with it).
+pub use crate::db::iso_time;
 
 /// A caller's path glob, checked: the matcher, a SQL GLOB prefilter, the layer.
 pub(crate) struct Scope {

@@ -104,6 +104,25 @@ fn pinned_sessions(context: &DaemonContext, slug: &str) -> Vec<serde_json::Value
         .collect()
 }
 
+/// One line for `daemon status`: whether state.db was sound at start or rebuilt, and
+/// where a damaged one was kept.
+fn state_db_line(report: &serde_json::Value) -> String {
+    if report["rebuilt"] != true {
+        return "state.db: checked at start, sound\n".into();
+    }
+    let reason = report["reason"].as_str().unwrap_or("unknown");
+    match report["moved_to"].as_str() {
+        Some(moved) => format!(
+            "state.db: rebuilt at {} ({reason}); the old file is kept as {moved}; index and history were rebuilt from the workspaces\n",
+            report["at"].as_str().unwrap_or("start")
+        ),
+        None => format!(
+            "state.db: rebuilt at {} ({reason}); index and history were rebuilt from the workspaces\n",
+            report["at"].as_str().unwrap_or("start")
+        ),
+    }
+}
+
 fn done(text: String, data: serde_json::Value) -> ControlReply {
     ControlReply::Done { text, data }
 }
@@ -118,7 +137,7 @@ fn run(
         ControlRequest::Status => {
             let status = context.status();
             let mut text = format!(
-                "alexandriad {} (pid {}), up {}s\nhome:   {}\nsocket: {}\nhttp:   {}\nsessions: {}\n",
+                "alexandriad {} (pid {}), up {}s\nhome:   {}\nsocket: {}\nhttp:   {}\n{}sessions: {}\n",
                 status["version"].as_str().unwrap_or(""),
                 status["pid"],
                 status["uptime_secs"],
@@ -131,6 +150,7 @@ fn run(
                     .as_str()
                     .or(status["http_error"].as_str())
                     .unwrap_or("off"),
+                state_db_line(&status["state_db"]),
                 status["sessions"].as_array().map_or(0, Vec::len),
             );
             for session in status["sessions"].as_array().into_iter().flatten() {
@@ -179,12 +199,18 @@ fn run(
             let mut text = String::new();
             let mut list = Vec::new();
             for slug in store.list_workspaces() {
+                let indexing = store.state(&slug).indexing_note();
                 let counts = index::counts(&connection, &slug, 0)?;
                 text.push_str(&format!(
-                    "{slug:<24} {:>6} wiki pages {:>6} raw sources\n",
-                    counts.wiki, counts.raw
+                    "{slug:<24} {:>6} wiki pages {:>6} raw sources{}\n",
+                    counts.wiki,
+                    counts.raw,
+                    indexing
+                        .as_ref()
+                        .map(|note| format!("  ({note})"))
+                        .unwrap_or_default()
                 ));
-                list.push(json!({"workspace": slug, "wiki_pages": counts.wiki, "raw_sources": counts.raw}));
+                list.push(json!({"workspace": slug, "wiki_pages": counts.wiki, "raw_sources": counts.raw, "indexing": indexing}));
             }
             Ok(done(text.trim_end().to_string(), json!(list)))
         }

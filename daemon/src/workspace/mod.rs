@@ -7,6 +7,7 @@
 
 pub mod git;
 pub mod lock;
+pub mod message;
 pub mod names;
 pub mod store;
 

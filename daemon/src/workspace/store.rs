@@ -52,6 +52,13 @@ pub struct WorkspaceState {
     pub lock: crate::workspace::WorkspaceLock,
     /// Set once the index has caught up with the disk since the daemon started.
     pub caught_up: std::sync::atomic::AtomicBool,
+    /// Progress of the catch-up under way (files indexed of those found changed).
+    pub indexing: IndexProgress,
+    /// Set once `state.db` holds this workspace's history (imported from git if it
+    /// did not: `commit::rebuild`).
+    pub history_ready: std::sync::atomic::AtomicBool,
+    /// Held while the history is imported, so that it is imported once.
+    pub history_import: Mutex<()>,
     /// The workspace's repository, opened once (opening re-reads git's config files).
     repo: Mutex<Option<git2::Repository>>,
 }
@@ -89,11 +96,41 @@ pub struct PathChange {
 /// How many changes a slow listener may fall behind before it misses some.
 const CHANGE_BACKLOG: usize = 1024;
 
+/// Progress of a workspace's catch-up with the disk, for `guide` and `workspace list`.
+#[derive(Default)]
+pub struct IndexProgress {
+    pub running: std::sync::atomic::AtomicBool,
+    pub done: std::sync::atomic::AtomicU64,
+    pub total: std::sync::atomic::AtomicU64,
+}
+
+impl WorkspaceState {
+    /// "indexing, N of M" while the first catch-up since start (or a large one) runs;
+    /// None when the index is current.
+    pub fn indexing_note(&self) -> Option<String> {
+        use std::sync::atomic::Ordering::Acquire;
+        let running = self.indexing.running.load(Acquire);
+        let (done, total) = (
+            self.indexing.done.load(Acquire),
+            self.indexing.total.load(Acquire),
+        );
+        if running && total > 0 {
+            return Some(format!("indexing, {done} of {total}"));
+        }
+        if !self.caught_up.load(Acquire) {
+            return Some("indexing, starting".into());
+        }
+        None
+    }
+}
+
 /// Everything the tools need: the home, the config, the database.
 pub struct Store {
     pub home: Home,
     pub config: Config,
     pub pool: Pool,
+    /// What opening `state.db` found (damaged and moved aside, missing, sound).
+    pub db_report: db::OpenReport,
     states: Mutex<HashMap<String, Arc<WorkspaceState>>>,
     changes: tokio::sync::broadcast::Sender<PathChange>,
 }
@@ -105,14 +142,16 @@ impl Store {
         ensure_layout(&home)?;
         let config = Config::load(&home.config_file())?;
         let busy = std::time::Duration::from_secs_f64(config.write.lock_timeout_secs.max(0.1));
-        let pool = db::open(&home.state_db(), busy)?;
+        let (pool, db_report) = db::open_checked(&home.state_db(), busy)?;
         let store = Arc::new(Store {
             home,
             config,
             pool,
+            db_report,
             states: Mutex::new(HashMap::new()),
             changes: tokio::sync::broadcast::channel(CHANGE_BACKLOG).0,
         });
+        store.log_db_report();
         if !store.workspace_dir("global").join(".git").is_dir() {
             store
                 .create_workspace("global")
@@ -137,6 +176,26 @@ impl Store {
     /// Every change from now on.
     pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<PathChange> {
         self.changes.subscribe()
+    }
+
+    /// Say in the log what opening state.db did and, after a rebuild, what is rebuilt
+    /// from the workspaces and what is not.
+    fn log_db_report(&self) {
+        let report = &self.db_report;
+        let existing = self.list_workspaces();
+        if !report.rebuilt || (report.moved_to.is_none() && existing.is_empty()) {
+            tracing::info!(check_ms = report.check_ms, "state.db opened and checked");
+            return;
+        }
+        tracing::warn!(
+            reason = report.reason.as_deref().unwrap_or(""),
+            moved_to = report.moved_to.as_deref().unwrap_or("-"),
+            workspaces = existing.len(),
+            "state.db rebuilt: a new state.db was started; the catalogue and search index are being rebuilt from the files and history from each workspace's git commits"
+        );
+        tracing::warn!(
+            "state.db rebuilt: not rebuilt (kept only in the old state.db): the events log, configured sources with their sync state and items (add them again; items already captured in raw/sources/ stay), and OAuth clients and grants (remote clients pair again); live sessions reconnect by themselves; HTTP tokens keep working (their key is in secrets/)"
+        );
     }
 
     pub fn workspace_dir(&self, slug: &str) -> PathBuf {
@@ -360,7 +419,10 @@ fn create_workspace_at(dir: &Path, templates: &Path, branch: &str) -> Result<(),
         Some("HEAD"),
         &signature,
         &signature,
-        "alexandria: create workspace",
+        &super::message::internal(
+            super::message::OP_CREATE_WORKSPACE,
+            "alexandria: create workspace",
+        ),
         &tree,
         &[],
     )?;
