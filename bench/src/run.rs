@@ -299,6 +299,13 @@ fn git(workspace: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Wait until the daemon's start-up catch-up has indexed the workspace: `search` waits
+/// for it (`guide` answers at once, with "indexing, N of M").
+fn wait_for_index(client: &mut dyn Mcp) -> Result<()> {
+    client.call_tool("search", json!({"query": "index", "limit": 1}))?;
+    Ok(())
+}
+
 /// Number of hits of a search, asking for up to 1000.
 fn hit_count(client: &mut dyn Mcp, query: &str) -> Result<usize> {
     let result = client.call_tool("search", json!({"query": query, "limit": 1000}))?;
@@ -358,8 +365,9 @@ fn corpus_size(
     let started = Instant::now();
     let ready = home.start_daemon()?;
     let mut direct = home.direct(SLUG)?;
-    let guide = direct.call_tool("guide", json!({}))?;
+    wait_for_index(&mut direct)?;
     let cold_index = started.elapsed();
+    let guide = direct.call_tool("guide", json!({}))?;
     let indexed = guide["structuredContent"]["wiki_pages"]
         .as_u64()
         .unwrap_or(0) as usize;
@@ -581,7 +589,7 @@ fn corpus_size(
     let started = Instant::now();
     home.start_daemon()?;
     let mut direct = home.direct(SLUG)?;
-    direct.call_tool("guide", json!({}))?;
+    wait_for_index(&mut direct)?;
     let restart = started.elapsed();
     drop(direct);
     home.stop_daemon()?;
@@ -596,7 +604,7 @@ fn corpus_size(
     let started = Instant::now();
     home.start_daemon()?;
     let mut direct = home.direct(SLUG)?;
-    direct.call_tool("guide", json!({}))?;
+    wait_for_index(&mut direct)?;
     let caught_up = started.elapsed();
     let found = hit_count(&mut direct, "zqoutsidestopped")?;
     if found != others.len() {
@@ -917,7 +925,7 @@ fn notes() -> Vec<String> {
         "Corpus: N markdown pages of 300–800 words (Zipf-like synthetic vocabulary of 20,000 words), 100 pages per directory, 2–5 wiki links each, a raw citation footnote on every fourth page; marker words planted in exactly 1, 10, 100 and 1000 pages (the benchmark checks that search finds exactly that many), a three-word phrase planted in N/100 pages; 4 raw PDFs of 8 pages and 4 text sources. Pages and sources are written into the workspace while the daemon is stopped and committed to git with the git CLI, as if the wiki had grown over time.",
         "`via`: `shim` is `alexandria mcp serve --workspace bench` driven over its stdin/stdout; `socket` is a client on the daemon's Unix socket doing the shim's `Hello` handshake itself; `echo` is a bare Unix-socket echo in the benchmark process; `http` is Streamable HTTP on 127.0.0.1 (when the daemon reports an address).",
         "Floors: the ping round trip on the same transport for tools; the socket (and the echo) for the shim; process spawn → first byte for cold starts; 4 KiB write + fsync for writes; reading every page file for the cold index; a restart without edits for the restart catch-up.",
-        "Cold index: spawn `alexandriad` on the fresh corpus → its ready notice → connect → first `guide` answer, which waits for the start-up catch-up to finish indexing every file.",
+        "Cold index: spawn `alexandriad` on the fresh corpus → its ready notice → connect → first `search` answer, which waits for the start-up catch-up to finish indexing every file (`guide` answers at once and says \"indexing, N of M\").",
         "Writes go through the whole path: citations checked against raw/ (PDF page counts), staged, locked, committed to git, indexed, and `syncfs`ed before the answer.",
         "The live catch-up includes up to one rescan interval of waiting, so it measures what a user sees, not the indexing work; the restart row isolates the work.",
     ]

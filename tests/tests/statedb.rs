@@ -584,3 +584,56 @@ fn a_failing_open_fails_fast_and_frees_the_pidfile() {
     std::fs::remove_dir_all(state_db(&env)).expect("rm");
     start_daemon(&env);
 }
+
+#[test]
+fn guide_and_workspace_list_say_indexing_while_a_rebuild_runs() {
+    // Enough pages that indexing them takes a while after the daemon is ready.
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "big"]);
+    stop_daemon(&env);
+    let wiki = env.workspace_dir("big").join("wiki");
+    for n in 0..6000 {
+        let dir = wiki.join(format!("d{}", n / 500));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(
+            dir.join(format!("p{n}.md")),
+            format!("# Page {n}\n\nbody of page {n}, word w{n}x and some more text\n"),
+        )
+        .expect("write page");
+    }
+    Damage::Delete.apply(&env);
+    start_daemon(&env);
+    let listed = env.ok(&["workspace", "list"]);
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with("big "))
+        .unwrap_or_default();
+    assert!(line.contains("indexing"), "{listed}");
+    let mut session = Session::open(&env, "big");
+    let started = Instant::now();
+    let guide = session.call("guide", json!({}));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "guide must not wait for the index: {:?}",
+        started.elapsed()
+    );
+    let text = guide["content"][0]["text"].as_str().unwrap_or_default();
+    let indexing = guide["structuredContent"]["indexing"].as_str();
+    assert!(
+        indexing.is_some_and(|i| i.starts_with("indexing")) && text.contains("indexing"),
+        "{guide}"
+    );
+    // search waits for the index, then finds the last page.
+    let hits = session.search("w5999x");
+    assert_eq!(hits, vec!["wiki/d11/p5999.md".to_string()]);
+    wait_for_index(&env);
+    let guide = session.call("guide", json!({}));
+    assert!(guide["structuredContent"]["indexing"].is_null(), "{guide}");
+    assert!(
+        guide["structuredContent"]["wiki_pages"]
+            .as_i64()
+            .is_some_and(|n| n >= 6000),
+        "{guide}"
+    );
+}

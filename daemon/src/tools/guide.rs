@@ -47,7 +47,8 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
             for slug in store.list_workspaces() {
                 // Never wait for a catch-up here: say how far it is.
                 let indexing = store.state(&slug).indexing_note();
-                ensure_history(store, &slug)?;
+                // A workspace git is still writing (a clone) is imported later.
+                let _ = ensure_history(store, &slug);
                 let counts = index::counts(&connection, &slug, 0)?;
                 let last = last_change(&connection, &slug)?;
                 let _ = writeln!(
@@ -79,7 +80,7 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
         }
         Some(slug) => {
             let indexing = store.state(&slug).indexing_note();
-            ensure_history(store, &slug)?;
+            let _ = ensure_history(store, &slug);
             let counts = index::counts(&connection, &slug, 20)?;
             let (pending, source_lines) = crate::sources::guide_lines(&connection, &slug)?;
             let mut statement = connection.prepare_cached(
