@@ -377,12 +377,37 @@ fn check_daemon(report: &mut Report, connector: &Connector, home_ok: bool) {
                     "alexandria daemon stop (the next client or command starts the installed version)",
                 );
             }
+            check_state_db(report, &status["state_db"]);
         }
         Err(error) => report.error(
             "daemon",
             format!("the daemon did not answer a status request: {error:#}"),
             "alexandria daemon stop; alexandria daemon start",
         ),
+    }
+}
+
+/// What the daemon found when it opened state.db (a cache: a damaged one is moved aside
+/// and rebuilt from the workspaces).
+fn check_state_db(report: &mut Report, state: &Value) {
+    if state.is_null() {
+        return; // a daemon from before the check
+    }
+    if state["rebuilt"] != true {
+        report.ok("state.db", "checked at the daemon's start: sound");
+        return;
+    }
+    let reason = state["reason"].as_str().unwrap_or("unknown");
+    let at = state["at"].as_str().unwrap_or("start");
+    match state["moved_to"].as_str() {
+        Some(moved) => report.warn(
+            "state.db",
+            format!(
+                "was damaged ({reason}) and was rebuilt at {at}: index and history come back from the files and git; the old file is kept as {moved}"
+            ),
+            format!("nothing to do; delete {moved} when you no longer need it"),
+        ),
+        None => report.ok("state.db", format!("built at {at} ({reason})")),
     }
 }
 

@@ -402,6 +402,14 @@ fn check_reported(env: &Env, damage: Damage, context: &str) {
         );
         assert!(Path::new(moved).is_file(), "{context}: {moved} is kept");
     }
+    if damage.moves_aside() {
+        let doctor = env.run(&["doctor"]);
+        let text = String::from_utf8_lossy(&doctor.stdout);
+        assert!(
+            text.contains("state.db") && text.contains("state.db.corrupt-"),
+            "{context}: doctor names the moved-aside file:\n{text}"
+        );
+    }
     let log = daemon_log(env);
     assert!(
         log.contains("state.db") && log.contains("rebuil"),

@@ -50,12 +50,7 @@ pub fn ensure_history(store: &Store, slug: &str) -> ToolResult<()> {
     if state.history_ready.load(Ordering::Acquire) {
         return Ok(());
     }
-    let known: i64 = store.pool.get()?.query_row(
-        "SELECT count(*) FROM workspaces WHERE slug = ?1",
-        params![slug],
-        |row| row.get(0),
-    )?;
-    if known == 0 {
+    if !known(store, slug)? {
         let started = std::time::Instant::now();
         let imported = import(store, slug)?;
         tracing::info!(
@@ -91,18 +86,71 @@ pub fn settled(root: &Path) -> bool {
     };
     match repo.head() {
         Ok(_) => git.join("index").exists(),
-        Err(error) => error.code() == git2::ErrorCode::UnbornBranch,
+        // Unborn, truly (no objects), or refs not copied yet.
+        Err(error) if error.code() == git2::ErrorCode::UnbornBranch => {
+            std::fs::read_dir(git.join("objects"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .all(|entry| matches!(entry.file_name().to_str(), Some("info" | "pack")))
+        }
+        Err(_) => false,
     }
 }
 
-/// Adopt `slug`: lay out what it lacks (raw/, wiki/, runs/, .trash/ are made, nothing
-/// is committed), read its history from git and record it, then record the workspace.
+/// Whether `state.db` records `slug` (so its history is there).
+pub fn known(store: &Store, slug: &str) -> ToolResult<bool> {
+    let count: i64 = store.pool.get()?.query_row(
+        "SELECT count(*) FROM workspaces WHERE slug = ?1",
+        params![slug],
+        |row| row.get(0),
+    )?;
+    Ok(count > 0)
+}
+
+/// A summary of a workspace folder's shape (git's files and the layers' file count and
+/// bytes): equal twice in a row, a folder being copied in by hand is done.
+pub fn fingerprint(root: &Path) -> String {
+    let mut parts = Vec::new();
+    for dir in [
+        root.to_path_buf(),
+        root.join(".git"),
+        root.join(".git/objects"),
+        root.join(".git/objects/pack"),
+        root.join(".git/refs/heads"),
+    ] {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| {
+                let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                format!("{}:{len}", entry.file_name().to_string_lossy())
+            })
+            .collect();
+        names.sort();
+        parts.push(names.join(","));
+    }
+    for layer in ["raw", "wiki"] {
+        let (mut files, mut bytes) = (0u64, 0u64);
+        for entry in walkdir::WalkDir::new(root.join(layer))
+            .into_iter()
+            .flatten()
+        {
+            if entry.file_type().is_file() {
+                files += 1;
+                bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+        parts.push(format!("{layer}:{files}:{bytes}"));
+    }
+    parts.join("|")
+}
+
+/// Adopt `slug`: read its history from git and record it, then record the workspace.
+/// Nothing is written into the workspace (it may still be being copied).
 pub fn import(store: &Store, slug: &str) -> ToolResult<Imported> {
     let root = store.workspace_dir(slug);
-    for sub in ["raw", "wiki", "runs", ".trash"] {
-        std::fs::create_dir_all(root.join(sub))
-            .map_err(|e| ToolError::internal("laying out an adopted workspace", e))?;
-    }
     let state = store.state(slug);
     // Writes commit and record under the index lock: holding it, every agent commit
     // in the walk is either fully recorded already (and ignored below) or not made yet.
@@ -110,7 +158,18 @@ pub fn import(store: &Store, slug: &str) -> ToolResult<Imported> {
     let (entries, commits) = read_history(&root)
         .map_err(|e| ToolError::internal("reading the workspace's git history", e))?;
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    // Immediate: a rename or restore that records this workspace meanwhile (under
+    // another lock) commits first, and then there is nothing to import.
+    let transaction =
+        connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let known: i64 = transaction.query_row(
+        "SELECT count(*) FROM workspaces WHERE slug = ?1",
+        params![slug],
+        |row| row.get(0),
+    )?;
+    if known > 0 {
+        return Ok(Imported::default());
+    }
     let mut imported = Imported {
         commits,
         ..Imported::default()

@@ -41,6 +41,9 @@ fn run(store: &Store) {
         }
     };
     let mut watched: HashSet<String> = HashSet::new();
+    // Workspaces appearing since start, with their last fingerprint.
+    let mut arriving: HashMap<String, String> = HashMap::new();
+    let mut first_round = true;
     let mut last_full = Instant::now();
     loop {
         // Watch workspaces created since the last round.
@@ -52,9 +55,20 @@ fn run(store: &Store) {
             // A workspace state.db does not know (a new state.db, a folder copied or
             // cloned in by hand) gets its history from git first, once git is done
             // writing it (a clone in progress is looked at again next round).
-            if !super::rebuild::settled(&store.workspace_dir(&slug)) {
+            let root = store.workspace_dir(&slug);
+            if !super::rebuild::settled(&root) {
                 continue;
             }
+            // A folder that appeared while we run and that state.db does not know is
+            // being copied or cloned in: adopt it once it stops changing.
+            if !first_round && !super::rebuild::known(store, &slug).unwrap_or(true) {
+                let print = super::rebuild::fingerprint(&root);
+                if arriving.get(&slug) != Some(&print) {
+                    arriving.insert(slug.clone(), print);
+                    continue;
+                }
+            }
+            arriving.remove(&slug);
             if let Err(error) = super::rebuild::ensure_history(store, &slug) {
                 tracing::warn!(workspace = %slug, %error, "cannot rebuild history from git");
             }
@@ -80,6 +94,7 @@ fn run(store: &Store) {
                 rescan_every = FALLBACK_RESCAN;
             }
         }
+        first_round = false;
         // Wake at least every second to watch new workspaces.
         let wait = rescan_every
             .saturating_sub(last_full.elapsed())
@@ -113,11 +128,9 @@ fn run(store: &Store) {
 
 fn full_rescan(store: &Store) {
     for slug in store.list_workspaces() {
-        if !super::rebuild::settled(&store.workspace_dir(&slug)) {
+        // Workspaces state.db does not know yet are adopted by the watch loop.
+        if !super::rebuild::known(store, &slug).unwrap_or(false) {
             continue;
-        }
-        if let Err(error) = super::rebuild::ensure_history(store, &slug) {
-            tracing::warn!(workspace = %slug, %error, "cannot rebuild history from git");
         }
         match index::catch_up(store, &slug) {
             Ok(result) if result.indexed + result.removed > 0 => {

@@ -10,7 +10,6 @@ use serde_json::{Value, json};
 
 use super::params::iso_time;
 use super::{ToolOutput, bound_workspace};
-use crate::commit::rebuild::ensure_history;
 use crate::error::ToolResult;
 use crate::index::{self};
 use crate::workspace::{Store, git};
@@ -47,8 +46,6 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
             for slug in store.list_workspaces() {
                 // Never wait for a catch-up here: say how far it is.
                 let indexing = store.state(&slug).indexing_note();
-                // A workspace git is still writing (a clone) is imported later.
-                let _ = ensure_history(store, &slug);
                 let counts = index::counts(&connection, &slug, 0)?;
                 let last = last_change(&connection, &slug)?;
                 let _ = writeln!(
@@ -80,7 +77,6 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
         }
         Some(slug) => {
             let indexing = store.state(&slug).indexing_note();
-            let _ = ensure_history(store, &slug);
             let counts = index::counts(&connection, &slug, 20)?;
             let (pending, source_lines) = crate::sources::guide_lines(&connection, &slug)?;
             let mut statement = connection.prepare_cached(
