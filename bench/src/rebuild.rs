@@ -130,6 +130,8 @@ pub fn run(binaries: &Binaries, seed: u64, pages: usize, writes: usize) -> Resul
             );
         }
         let status = home.status()?;
+        let check = Duration::from_millis(status["state_db"]["check_ms"].as_u64().unwrap_or(0));
+        let db_bytes = std::fs::metadata(&state_db).map(|m| m.len()).unwrap_or(0);
         let rebuilt = status["state_db"]["rebuilt"] == true;
         if rebuilt != (damage != Damage::None) {
             bail!(
@@ -146,6 +148,21 @@ pub fn run(binaries: &Binaries, seed: u64, pages: usize, writes: usize) -> Resul
             format_duration(ready),
             format_duration(history_back),
             format_duration(index_back)
+        );
+        rows.push(
+            Row::new(
+                &format!(
+                    "restart, {}: open and check state.db (quick_check, schema; move aside)",
+                    damage.label()
+                ),
+                &label,
+                "-",
+                Figure::Once(check),
+            )
+            .note(format!(
+                "state.db {} MiB after the restart",
+                db_bytes / (1024 * 1024)
+            )),
         );
         let note = format!(
             "{pages} pages, {writes} agent writes, {} commits",
