@@ -4,96 +4,42 @@
 //!
 //! Requests are written by hand over a `TcpStream` so every header is what the test says.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
-use std::time::Duration;
 
+use alexandria_tests::http::{Reply, http};
 use alexandria_tests::{Env, make_pdf};
 use serde_json::{Value, json};
 
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(key, _)| key.eq_ignore_ascii_case(name))
-            .map(|(_, value)| value.as_str())
-    }
-}
-
 fn get(address: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    send(address, "GET", path, headers, "")
+    http(address, "GET", path, headers, "")
 }
 
 fn send(address: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
-    let mut stream = TcpStream::connect(address).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        request.push_str(&format!("Host: {address}\r\n"));
-    }
-    for (key, value) in headers {
-        request.push_str(&format!("{key}: {value}\r\n"));
-    }
-    if !body.is_empty() {
-        request.push_str(&format!(
-            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).expect("send");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a full HTTP response");
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    Reply {
-        status,
-        headers,
-        body,
-    }
+    http(address, method, path, headers, body)
 }
 
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if size == 0 || tail.len() < size {
-            break;
-        }
-        out.push_str(&tail[..size]);
-        rest = tail[size..].trim_start_matches("\r\n");
-    }
-    out
+/// Debian's headless Chromium with a fresh profile and the flags this closed network
+/// needs, on `url`, with `extra` flags (`--dump-dom`, `--screenshot=…`).
+fn chromium(binary: &str, extra: &[&str], url: &str) -> std::process::Output {
+    let profile = tempfile::tempdir().expect("profile dir");
+    let user_data = format!("--user-data-dir={}", profile.path().display());
+    let mut args = vec![
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        user_data.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    args.push(url);
+    Command::new(binary)
+        .args(&args)
+        .output()
+        .expect("run chromium")
 }
 
 /// A home with workspace `acme`: a PDF, a raw note with a space in its name, and a wiki
@@ -379,36 +325,20 @@ fn bearer_tokens_admit_scripts_within_their_workspace() {
 /// `target/web-screenshots/` for the docs.
 #[test]
 fn a_real_browser_signs_in_and_renders_a_page() {
-    let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+    let chromium_bin = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists());
-    let Some(chromium) = chromium else {
+    let Some(chromium_bin) = chromium_bin else {
         // .ci/run installs Debian's chromium; without it this test cannot run, so it
         // fails rather than passing silently.
         panic!("chromium is not installed: `apt-get install chromium` (see .ci/run)");
     };
     let (env, address) = web_env();
-    let profile = tempfile::tempdir().expect("profile dir");
     let url = format!(
         "http://{address}{}&next=/w/acme/wiki/topics/sea-stars.md",
         login_path(&env)
     );
-    let output = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            &format!("--user-data-dir={}", profile.path().display()),
-            "--dump-dom",
-            &url,
-        ])
-        .output()
-        .expect("run chromium");
+    let output = chromium(chromium_bin, &["--dump-dom"], &url);
     let dom = String::from_utf8_lossy(&output.stdout);
     assert!(
         dom.contains("Sea stars eat urchins"),
@@ -424,29 +354,16 @@ fn a_real_browser_signs_in_and_renders_a_page() {
     let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/web-screenshots");
     std::fs::create_dir_all(&shots).expect("screenshot dir");
     let shot = shots.join("page.png");
-    let profile = tempfile::tempdir().expect("profile dir");
     let url = format!(
         "http://{address}{}&next=/w/acme/wiki/topics/sea-stars.md",
         login_path(&env)
     );
-    let status = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            "--window-size=1000,900",
-            &format!("--user-data-dir={}", profile.path().display()),
-            &format!("--screenshot={}", shot.display()),
-            &url,
-        ])
-        .output()
-        .expect("run chromium");
+    let shot_flag = format!("--screenshot={}", shot.display());
+    let status = chromium(
+        chromium_bin,
+        &["--hide-scrollbars", "--window-size=1000,900", &shot_flag],
+        &url,
+    );
     assert!(
         shot.exists() && std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0) > 1000,
         "a screenshot was taken: {}",
