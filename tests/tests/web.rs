@@ -370,3 +370,240 @@ fn a_real_browser_signs_in_and_renders_a_page() {
         String::from_utf8_lossy(&status.stderr)
     );
 }
+
+/// The CSRF token of a page signed in with a cookie.
+fn csrf_of(body: &str) -> String {
+    body.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a CSRF token in the page")
+        .to_string()
+}
+
+/// `/w/<slug>/subscriptions`: a folder source's pending items (one with a hostile
+/// heading), Ingest and Dismiss buttons that act through the same code as the CLI,
+/// "Sync now", and the refusals: no CSRF token, cross-site, a bearer token without
+/// a browser session, an item of another workspace.
+#[test]
+fn subscriptions_page_ingests_and_dismisses_by_button() {
+    let (env, address) = web_env();
+    env.ok(&["workspace", "create", "other"]);
+    let folder = env.dir.path().join("inbox");
+    std::fs::create_dir_all(&folder).expect("folder");
+    std::fs::write(folder.join("keep.md"), "# Keep me\n\nmarmoset facts\n").expect("write");
+    std::fs::write(
+        folder.join("<img src=x onerror=alert(1)>.md"),
+        "# <script>alert('title')</script>\n\n<img src=x onerror=alert(2)> spam\n",
+    )
+    .expect("write");
+    // A file counts once it has been unchanged for a second.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let folder_arg = folder.to_str().expect("utf8");
+    env.ok(&[
+        "source",
+        "add",
+        "acme",
+        "folder",
+        folder_arg,
+        "--name",
+        "inbox",
+        "--no-auto",
+    ]);
+    env.ok(&["source", "sync", "acme", "inbox"]);
+    env.ok(&[
+        "source",
+        "add",
+        "other",
+        "folder",
+        folder_arg,
+        "--name",
+        "theirs",
+        "--no-auto",
+    ]);
+    env.ok(&["source", "sync", "other", "theirs"]);
+    let pending: Value = serde_json::from_str(&env.ok(&[
+        "subscription",
+        "list",
+        "acme",
+        "--state",
+        "pending",
+        "--json",
+    ]))
+    .expect("json");
+    let pending = pending.as_array().expect("items").clone();
+    assert_eq!(pending.len(), 2, "{pending:?}");
+    let id_of = |needle: &str| {
+        pending
+            .iter()
+            .find(|i| i["title"].as_str().is_some_and(|t| t.contains(needle)))
+            .and_then(|i| i["id"].as_i64())
+            .expect("item")
+    };
+    let (keep, drop) = (id_of("keep.md"), id_of("onerror"));
+    let theirs: Value =
+        serde_json::from_str(&env.ok(&["subscription", "list", "other", "--json"])).expect("json");
+    let theirs = theirs[0]["id"]
+        .as_i64()
+        .expect("an item in the other workspace");
+
+    let cookie = sign_in(&env, &address);
+    let with = [("Cookie", cookie.as_str())];
+    let overview = get(&address, "/w/acme/", &with);
+    assert!(
+        overview.body.contains("inbox") && overview.body.contains("2 pending"),
+        "the overview lists sources with pending counts: {}",
+        overview.body
+    );
+    let page = get(&address, "/w/acme/subscriptions", &with);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("keep.md") && page.body.contains("marmoset"),
+        "{}",
+        page.body
+    );
+    assert!(
+        !page.body.contains("<script>alert") && !page.body.contains("<img src=x"),
+        "untrusted titles and excerpts are escaped: {}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains(&format!("name=\"item\" value=\"{keep}\""))
+    );
+    assert!(page.body.contains("value=\"ingest\"") && page.body.contains("value=\"dismiss\""));
+    let csrf = csrf_of(&page.body);
+    let form = |action: &str, item: i64| format!("csrf={csrf}&item={item}&action={action}");
+    let same_origin = [
+        ("Cookie", cookie.as_str()),
+        ("Sec-Fetch-Site", "same-origin"),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+    ];
+
+    // Refusals change nothing.
+    let no_csrf = send(
+        &address,
+        "POST",
+        "/w/acme/subscriptions",
+        &same_origin,
+        &format!("item={keep}&action=ingest"),
+    );
+    assert_eq!(no_csrf.status, 403);
+    let cross = send(
+        &address,
+        "POST",
+        "/w/acme/subscriptions",
+        &[
+            ("Cookie", cookie.as_str()),
+            ("Sec-Fetch-Site", "cross-site"),
+        ],
+        &form("ingest", keep),
+    );
+    assert_eq!(cross.status, 403);
+    let token = env.ok(&["daemon", "auth", "token"]);
+    let bearer = format!("Bearer {}", token.trim());
+    let by_token = send(
+        &address,
+        "POST",
+        "/w/acme/subscriptions",
+        &[
+            ("Authorization", bearer.as_str()),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+        &form("ingest", keep),
+    );
+    assert_eq!(
+        by_token.status, 403,
+        "agents' tokens cannot capture: {}",
+        by_token.body
+    );
+    let foreign = send(
+        &address,
+        "POST",
+        "/w/acme/subscriptions",
+        &same_origin,
+        &form("dismiss", theirs),
+    );
+    assert_eq!(
+        foreign.status, 404,
+        "an item of another workspace is not found: {}",
+        foreign.body
+    );
+    assert!(foreign.body.contains("not_found"), "{}", foreign.body);
+    let ws = env.workspace_dir("acme");
+    assert!(!ws.join("raw/sources/inbox/keep.md").exists());
+
+    // Ingest one, dismiss the other.
+    let ingested = send(
+        &address,
+        "POST",
+        "/w/acme/subscriptions",
+        &same_origin,
+        &form("ingest", keep),
+    );
+    assert_eq!(ingested.status, 303, "{}", ingested.body);
+    let location = ingested.header("location").expect("redirect").to_string();
+    assert!(location.contains("done=captured&n=1"), "{location}");
+    assert!(
+        ws.join("raw/sources/inbox/keep.md").is_file(),
+        "captured into raw/"
+    );
+    let dismissed = send(
+        &address,
+        "POST",
+        "/w/acme/subscriptions",
+        &same_origin,
+        &form("dismiss", drop),
+    );
+    assert_eq!(dismissed.status, 303);
+    let after = get(&address, &location, &with);
+    assert!(after.body.contains("Captured 1 item"), "{}", after.body);
+    assert!(after.body.contains("No pending items"), "{}", after.body);
+    let states: Value =
+        serde_json::from_str(&env.ok(&["subscription", "list", "acme", "--json"])).expect("json");
+    let state_of = |id: i64| {
+        states
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["id"].as_i64() == Some(id))
+            .map(|i| i["state"].as_str().unwrap_or("").to_string())
+    };
+    assert_eq!(state_of(keep).as_deref(), Some("captured"));
+    assert_eq!(state_of(drop).as_deref(), Some("dismissed"));
+    let other: Value =
+        serde_json::from_str(&env.ok(&["subscription", "list", "other", "--json"])).expect("json");
+    assert_eq!(
+        other[0]["state"], "pending",
+        "the other workspace is untouched"
+    );
+
+    // Sync now finds a new file.
+    std::fs::write(folder.join("new.md"), "# New\n\nfresh\n").expect("write");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let synced = send(
+        &address,
+        "POST",
+        "/w/acme/subscriptions",
+        &same_origin,
+        &format!("csrf={csrf}&source=inbox&action=sync"),
+    );
+    assert_eq!(synced.status, 303, "{}", synced.body);
+    // (The folder watcher may have found it first; either way it is pending now.)
+    assert!(
+        synced
+            .header("location")
+            .is_some_and(|l| l.contains("done=synced")),
+        "{:?}",
+        synced.header("location")
+    );
+    let listed = get(&address, "/w/acme/subscriptions?state=pending", &with);
+    assert!(listed.body.contains("new.md"), "{}", listed.body);
+    let bad = send(
+        &address,
+        "POST",
+        "/w/acme/subscriptions",
+        &same_origin,
+        &format!("csrf={csrf}&item=abc&action=ingest"),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.body);
+}

@@ -1,6 +1,6 @@
 //! The local web view (SPEC §6): server-rendered HTML on the loopback HTTP listener.
 //! Workspaces, rendered pages with live citations, raw files, search, history with
-//! diffs, sessions. No JavaScript; a few kilobytes of CSS; a strict CSP on every page.
+//! diffs, sessions, subscriptions with Ingest/Dismiss buttons. No JavaScript; a few kilobytes of CSS; a strict CSP on every page.
 //!
 //! Requests reach it from `transport/http.rs` after the Host/Origin check. A request is
 //! let in with a session cookie (from `/login?token=`, a one-time token printed by
@@ -13,6 +13,7 @@
 
 mod pages;
 pub mod render;
+mod subscriptions;
 
 use std::sync::Arc;
 
@@ -112,10 +113,44 @@ pub async fn handle(
             .body(Body::empty())
             .expect("static response parts are valid");
     }
+    if method == Method::POST
+        && let Some(slug) = path
+            .strip_prefix("/w/")
+            .and_then(|rest| rest.strip_suffix("/subscriptions"))
+            .filter(|slug| !slug.contains('/'))
+    {
+        // Capturing and dismissing are the user's decisions: a signed-in browser
+        // session only, never a bearer token an agent may hold.
+        let Some(session) = session else {
+            return error_page(
+                StatusCode::FORBIDDEN,
+                "ingest and dismiss need a browser signed in with `alexandria web`; scripts use `alexandria subscription ingest|dismiss`",
+            );
+        };
+        let body = match axum::body::to_bytes(request.into_body(), 16 * 1024).await {
+            Ok(body) => body,
+            Err(_) => return error_page(StatusCode::PAYLOAD_TOO_LARGE, "the form is too large"),
+        };
+        if let Err(reason) = check_post(&headers, &body, &session) {
+            return error_page(StatusCode::FORBIDDEN, reason);
+        }
+        let slug = render::percent_decode(slug);
+        let acted = tokio::task::spawn_blocking(move || {
+            subscriptions::act(&context, &binding, &slug, &body)
+        })
+        .await;
+        return acted.unwrap_or_else(|error| {
+            tracing::error!(%error, "a web action panicked");
+            error_page(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "this action failed; the daemon log has details",
+            )
+        });
+    }
     if method != Method::GET && method != Method::HEAD {
         return error_page(
             StatusCode::METHOD_NOT_ALLOWED,
-            "the web view only reads; this page takes GET",
+            "this page takes GET; only sign-out and the subscription buttons post",
         );
     }
     let csrf = session.as_deref().map(csrf_token);

@@ -3,6 +3,7 @@
 //! URL scheme (a contract; tests address pages directly):
 //! `/`, `/sessions`, `/w/<slug>/`, `/w/<slug>/wiki/<path>`, `/w/<slug>/raw/<path>`,
 //! `/w/<slug>/search?q=`, `/w/<slug>/history`, `/w/<slug>/history/<run_id>`,
+//! `/w/<slug>/subscriptions` (GET lists; POST acts, see `subscriptions.rs`),
 //! `/w/<slug>/broken/<path>` (where a link to a missing file leads).
 
 use std::fs;
@@ -68,7 +69,7 @@ pub fn dispatch(
     }
 }
 
-enum PageError {
+pub(super) enum PageError {
     NotFound(String),
     Tool(ToolError),
 }
@@ -91,13 +92,13 @@ impl From<r2d2::Error> for PageError {
     }
 }
 
-type PageResult = Result<Response, PageError>;
+pub(super) type PageResult = Result<Response, PageError>;
 
-fn ok(title: &str, csrf: Option<&str>, content: Markup) -> PageResult {
+pub(super) fn ok(title: &str, csrf: Option<&str>, content: Markup) -> PageResult {
     Ok(html_response(StatusCode::OK, layout(title, csrf, content)))
 }
 
-fn query_param(query: &str, name: &str) -> Option<String> {
+pub(super) fn query_param(query: &str, name: &str) -> Option<String> {
     query
         .split('&')
         .filter_map(|pair| pair.split_once('='))
@@ -211,6 +212,9 @@ fn workspace_page(
     if rest == "search" {
         return search(context, binding, &slug, query, csrf);
     }
+    if rest == "subscriptions" {
+        return super::subscriptions::page(context, &slug, query, csrf);
+    }
     if rest == "history" {
         return history(context, binding, &slug, query, csrf);
     }
@@ -236,12 +240,13 @@ fn workspace_page(
     )))
 }
 
-fn nav(slug: &str) -> Markup {
+pub(super) fn nav(slug: &str) -> Markup {
     html! {
         p.muted {
             a href={ "/w/" (slug) "/" } { (slug) } " · "
             a href={ "/w/" (slug) "/history" } { "history" } " · "
-            a href={ "/w/" (slug) "/search" } { "search" }
+            a href={ "/w/" (slug) "/search" } { "search" } " · "
+            a href={ "/w/" (slug) "/subscriptions" } { "subscriptions" }
         }
         form.search method="get" action={ "/w/" (slug) "/search" } {
             input type="search" name="q" placeholder="Search this workspace" aria-label="search";
@@ -266,6 +271,7 @@ fn overview(
         },
     )?
     .structured;
+    let sources_block = super::subscriptions::overview_block(context, slug)?;
     let root = store.workspace_dir(slug);
     let index_html = fs::read(root.join("wiki/index.md")).ok().map(|bytes| {
         render::markdown(
@@ -287,6 +293,7 @@ fn overview(
             @if let Some(index_html) = index_html {
                 article { (PreEscaped(index_html)) }
             }
+            (sources_block)
             h2 { "Recent history" }
             ul {
                 @for entry in guide["recent_history"].as_array().into_iter().flatten() {
@@ -306,7 +313,7 @@ fn overview(
     )
 }
 
-fn page_link(slug: &str, path: &str) -> Markup {
+pub(super) fn page_link(slug: &str, path: &str) -> Markup {
     html! { a href={ "/w/" (slug) "/" (encode_path(path)) } { (path) } }
 }
 
