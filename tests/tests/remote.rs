@@ -634,3 +634,104 @@ fn start_daemon_without_http(home: &Path, args: &[&str]) -> Daemon {
         address: String::new(),
     }
 }
+
+/// The web view's `/access` page: lists the remote client (its name escaped) with a
+/// Revoke button that ends its access at once; revoking needs the browser session and
+/// its CSRF token (a bearer token cannot), and "revoke everyone" needs the confirmation.
+#[test]
+fn the_access_page_lists_and_revokes_remote_clients() {
+    let remote = Remote::start();
+    let (client_id, tokens) = remote.tokens("acme", "wiki:read");
+    let access = tokens["access_token"].as_str().expect("access token");
+    assert_eq!(remote.initialize("/mcp/acme", access).status, 200);
+
+    let login = cli(remote.home(), &["web", "--no-open"]);
+    assert!(login.status.success(), "{login:?}");
+    let url = String::from_utf8_lossy(&login.stdout).trim().to_string();
+    let login_path = &url[url.find("/login?token=").expect("a login URL")..];
+    let signed_in = remote.get(login_path);
+    assert_eq!(signed_in.status, 303, "{}", signed_in.body);
+    let cookie = signed_in
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let page = http(
+        &remote.daemon.address,
+        "GET",
+        "/access",
+        &[("Cookie", &cookie)],
+        "",
+    );
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(&client_id), "{}", page.body);
+    assert!(
+        page.body.contains("Test &lt;Client&gt;") && !page.body.contains("Test <Client>"),
+        "the client's self-chosen name is escaped: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains(&remote.origin),
+        "the public URL is shown"
+    );
+    let csrf = page
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a CSRF token in the page")
+        .to_string();
+
+    // An agent's bearer token cannot revoke anything.
+    let bearer = format!("Bearer {access}");
+    let by_token = remote.post_form(
+        "/access",
+        &form(&[
+            ("csrf", &csrf),
+            ("action", "revoke_client"),
+            ("client", &client_id),
+        ]),
+        &[("Authorization", &bearer), ("Origin", &remote.origin)],
+    );
+    assert_ne!(by_token.status, 303, "{}", by_token.body);
+    assert_eq!(remote.initialize("/mcp/acme", access).status, 200);
+    // "Revoke everyone" without the confirmation box changes nothing.
+    let unconfirmed = remote.post_form(
+        "/access",
+        &form(&[("csrf", &csrf), ("action", "revoke_clients")]),
+        &[("Cookie", &cookie), ("Origin", &remote.origin)],
+    );
+    assert_eq!(unconfirmed.status, 400, "{}", unconfirmed.body);
+    assert_eq!(remote.initialize("/mcp/acme", access).status, 200);
+
+    let revoked = remote.post_form(
+        "/access",
+        &form(&[
+            ("csrf", &csrf),
+            ("action", "revoke_client"),
+            ("client", &client_id),
+        ]),
+        &[("Cookie", &cookie), ("Origin", &remote.origin)],
+    );
+    assert_eq!(revoked.status, 303, "{}", revoked.body);
+    assert_eq!(revoked.header("location"), Some("/access?done=client"));
+    assert_eq!(
+        remote.initialize("/mcp/acme", access).status,
+        401,
+        "the revoked client's token stops working at once"
+    );
+    let after = http(
+        &remote.daemon.address,
+        "GET",
+        "/access?done=client",
+        &[("Cookie", &cookie)],
+        "",
+    );
+    assert!(after.body.contains("Revoked the client"), "{}", after.body);
+    assert!(!after.body.contains(&client_id), "{}", after.body);
+    let clients = cli(remote.home(), &["remote", "clients"]);
+    assert!(
+        String::from_utf8_lossy(&clients.stdout).contains("no registered clients"),
+        "{clients:?}"
+    );
+}

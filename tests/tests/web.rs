@@ -318,6 +318,40 @@ fn bearer_tokens_admit_scripts_within_their_workspace() {
     assert_eq!(get(&address, "/sessions", &with).status, 403);
     let wrong = get(&address, "/w/acme/", &[("Authorization", "Bearer nope")]);
     assert_eq!(wrong.status, 401);
+    assert_eq!(
+        get(&address, "/access", &with).status,
+        403,
+        "a pinned token cannot see who else has access"
+    );
+
+    // "Revoke every token" from a signed-in browser ends the token's access.
+    let cookie = sign_in(&env, &address);
+    let page = get(&address, "/access", &[("Cookie", cookie.as_str())]);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Revoke every token"), "{}", page.body);
+    let csrf = csrf_of(&page.body);
+    let same_origin = [
+        ("Cookie", cookie.as_str()),
+        ("Sec-Fetch-Site", "same-origin"),
+    ];
+    let unconfirmed = send(
+        &address,
+        "POST",
+        "/access",
+        &same_origin,
+        &format!("csrf={csrf}&action=revoke_tokens"),
+    );
+    assert_eq!(unconfirmed.status, 400);
+    assert_eq!(get(&address, "/w/acme/", &with).status, 200);
+    let revoked = send(
+        &address,
+        "POST",
+        "/access",
+        &same_origin,
+        &format!("csrf={csrf}&confirm=yes&action=revoke_tokens"),
+    );
+    assert_eq!(revoked.status, 303, "{}", revoked.body);
+    assert_eq!(get(&address, "/w/acme/", &with).status, 401);
 }
 
 /// A real browser: Debian's headless Chromium signs in through the one-time URL and

@@ -11,6 +11,7 @@
 //! May import: `context`, `auth`, `tools`, `index`, `workspace`, `db`. It is a
 //! transport: nothing below imports it.
 
+mod access;
 mod pages;
 pub mod render;
 mod subscriptions;
@@ -39,7 +40,7 @@ const STYLE: &str = include_str!("style.css");
 pub fn is_web_path(path: &str) -> bool {
     matches!(
         path,
-        "/" | "/sessions" | "/login" | "/logout" | "/static/style.css"
+        "/" | "/sessions" | "/access" | "/login" | "/logout" | "/static/style.css"
     ) || path.starts_with("/w/")
 }
 
@@ -113,44 +114,55 @@ pub async fn handle(
             .body(Body::empty())
             .expect("static response parts are valid");
     }
-    if method == Method::POST
-        && let Some(slug) = path
+    if method == Method::POST {
+        // The only state changes: capturing/dismissing items and revoking access are
+        // the user's decisions, so a signed-in browser session only, never a bearer
+        // token an agent may hold.
+        let subscriptions_of = path
             .strip_prefix("/w/")
             .and_then(|rest| rest.strip_suffix("/subscriptions"))
             .filter(|slug| !slug.contains('/'))
-    {
-        // Capturing and dismissing are the user's decisions: a signed-in browser
-        // session only, never a bearer token an agent may hold.
-        let Some(session) = session else {
-            return error_page(
-                StatusCode::FORBIDDEN,
-                "ingest and dismiss need a browser signed in with `alexandria web`; scripts use `alexandria subscription ingest|dismiss`",
-            );
-        };
-        let body = match axum::body::to_bytes(request.into_body(), 16 * 1024).await {
-            Ok(body) => body,
-            Err(_) => return error_page(StatusCode::PAYLOAD_TOO_LARGE, "the form is too large"),
-        };
-        if let Err(reason) = check_post(&headers, &body, &session) {
-            return error_page(StatusCode::FORBIDDEN, reason);
+            .map(render::percent_decode);
+        if subscriptions_of.is_some() || path == "/access" {
+            let Some(session) = session else {
+                return error_page(
+                    StatusCode::FORBIDDEN,
+                    "this button needs a browser signed in with `alexandria web`; scripts use the `alexandria` commands",
+                );
+            };
+            let body = match axum::body::to_bytes(request.into_body(), 16 * 1024).await {
+                Ok(body) => body,
+                Err(_) => {
+                    return error_page(StatusCode::PAYLOAD_TOO_LARGE, "the form is too large");
+                }
+            };
+            if let Err(reason) = check_post(&headers, &body, &session) {
+                return error_page(StatusCode::FORBIDDEN, reason);
+            }
+            let acted = tokio::task::spawn_blocking(move || match subscriptions_of {
+                Some(slug) => subscriptions::act(&context, &binding, &slug, &body),
+                None => match binding {
+                    Binding::Open => access::act(&context, &body),
+                    Binding::Pinned { .. } => error_page(
+                        StatusCode::FORBIDDEN,
+                        "a token limited to one workspace cannot change access",
+                    ),
+                },
+            })
+            .await;
+            return acted.unwrap_or_else(|error| {
+                tracing::error!(%error, "a web action panicked");
+                error_page(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "this action failed; the daemon log has details",
+                )
+            });
         }
-        let slug = render::percent_decode(slug);
-        let acted = tokio::task::spawn_blocking(move || {
-            subscriptions::act(&context, &binding, &slug, &body)
-        })
-        .await;
-        return acted.unwrap_or_else(|error| {
-            tracing::error!(%error, "a web action panicked");
-            error_page(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "this action failed; the daemon log has details",
-            )
-        });
     }
     if method != Method::GET && method != Method::HEAD {
         return error_page(
             StatusCode::METHOD_NOT_ALLOWED,
-            "this page takes GET; only sign-out and the subscription buttons post",
+            "this page takes GET; only sign-out, the subscription and the access buttons post",
         );
     }
     let csrf = session.as_deref().map(csrf_token);
@@ -284,6 +296,7 @@ pub(crate) fn layout(title: &str, csrf: Option<&str>, content: Markup) -> Markup
                     nav {
                         a.brand href="/" { "alexandria" }
                         a href="/sessions" { "sessions" }
+                        a href="/access" { "access" }
                         @if let Some(csrf) = csrf {
                             form.logout method="post" action="/logout" {
                                 input type="hidden" name="csrf" value=(csrf);

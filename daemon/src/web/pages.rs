@@ -1,7 +1,7 @@
 //! The web view's pages. Each is a blocking function that reads through the tools'
 //! functions (same binding, confinement and errors as MCP) and returns HTML.
 //! URL scheme (a contract; tests address pages directly):
-//! `/`, `/sessions`, `/w/<slug>/`, `/w/<slug>/wiki/<path>`, `/w/<slug>/raw/<path>`,
+//! `/`, `/sessions`, `/access`, `/w/<slug>/`, `/w/<slug>/wiki/<path>`, `/w/<slug>/raw/<path>`,
 //! `/w/<slug>/search?q=`, `/w/<slug>/history`, `/w/<slug>/history/<run_id>`,
 //! `/w/<slug>/subscriptions` (GET lists; POST acts, see `subscriptions.rs`),
 //! `/w/<slug>/broken/<path>` (where a link to a missing file leads).
@@ -39,6 +39,7 @@ pub fn dispatch(
     let result = match path {
         "/" => home(context, binding, csrf),
         "/sessions" => sessions(context, binding, csrf),
+        "/access" => super::access::page(context, binding, query, csrf),
         _ => match path
             .strip_prefix("/w/")
             .and_then(|rest| rest.split_once('/'))

@@ -182,7 +182,7 @@ fn notice(query: &str) -> Option<String> {
 }
 
 /// The fields of a url-encoded form.
-fn form_fields(body: &[u8]) -> Vec<(String, String)> {
+pub(super) fn form_fields(body: &[u8]) -> Vec<(String, String)> {
     String::from_utf8_lossy(body)
         .split('&')
         .filter_map(|pair| pair.split_once('='))
