@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the third-party MCP clients that scripts/interop.sh runs, from the registries:
 #   - the official Python SDK (PyPI `mcp`) into a venv at target/interop-venv
-#   - the official TypeScript SDK, the conformance suite and Node 22 (npm packages
-#     `@modelcontextprotocol/sdk`, `@modelcontextprotocol/conformance`, `node@22`)
+#   - the official TypeScript SDK, the conformance suite, Node 22 and playwright-core
+#     (npm packages `@modelcontextprotocol/sdk`, `@modelcontextprotocol/conformance`,
+#     `node@22`, `playwright-core`: drives Debian's Chromium, downloads no browser)
 #     into tests/interop/node_modules, from tests/interop/package-lock.json
 # Idempotent: a second run with everything in place changes nothing.
 set -euo pipefail

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run real third-party MCP clients against alexandria: the official Python SDK and
 # TypeScript SDK over the stdio shim and over HTTP, the official conformance suite
-# against /mcp/<slug>, and the Python SDK's OAuth client against remote access. Builds nothing: it expects target/debug/alexandria and
+# against /mcp/<slug>, a real Chromium clicking through the web view, and the Python
+# SDK's OAuth client against remote access. Builds nothing: it expects target/debug/alexandria and
 # alexandriad (`cargo build --workspace`) and the clients from scripts/interop-setup.sh.
 # Prints one PASS/FAIL line per check and ends with `N passed, M failed`.
 set -uo pipefail
@@ -94,6 +95,10 @@ check "typescript resources http /mcp" "$node" ts_resources.mjs http "$url/mcp"
 for scenario in server-initialize ping tools-list server-sse-multiple-streams dns-rebinding-protection; do
     check "conformance $scenario /mcp/global" "$node" "$conformance" server --url "$url/mcp/global" --scenario "$scenario"
 done
+
+# The web view in a real browser: Debian's Chromium driven by playwright-core clicks
+# through login, pages, citations, search, history, the subscription buttons, sign-out.
+check "browser click-through of the web view (chromium)" "$node" web_browser.mjs "$bin/alexandria" "$root/target/web-screenshots/browser"
 
 # Remote access: the Python SDK's OAuth client (dynamic registration, consent page with
 # a pairing code, PKCE, audience-bound token) against the daemon's own loopback URL as

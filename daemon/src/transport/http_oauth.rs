@@ -316,7 +316,9 @@ fn page_headers(
             ),
         )
         .header(header::X_FRAME_OPTIONS, "DENY")
-        .header(header::REFERRER_POLICY, "no-referrer")
+        // `same-origin`, not `no-referrer`: under `no-referrer` a browser posts the
+        // consent form with `Origin: null`, which the Origin check refuses.
+        .header(header::REFERRER_POLICY, "same-origin")
         .header("X-Content-Type-Options", "nosniff")
 }
 
