@@ -107,6 +107,8 @@ check "browser click-through of the web view (chromium)" "$node" web_browser.mjs
 if "$bin/alexandria" remote enable --public-url "$url" >"$logs/remote.log" 2>&1; then
     check "python oauth /mcp/global" "$python" python_oauth.py --url "$url/mcp/global" --alexandria "$bin/alexandria"
     check "python oauth legacy /mcp/global" "$python" python_oauth.py --url "$url/mcp/global" --alexandria "$bin/alexandria" --mode legacy
+    # The consent page in a real browser (a person approving Claude.ai's connection).
+    check "browser consent page (chromium)" "$node" oauth_browser.mjs "$bin/alexandria" "$url" "$root/target/web-screenshots/oauth"
 else
     failed=$((failed + 1))
     echo "FAIL remote enable"
