@@ -768,6 +768,12 @@ fn workspaces_are_renamed_archived_restored_and_described() {
         gone["structuredContent"]["error"]["code"], "workspace_not_found",
         "{gone}"
     );
+    // The pinned session is told what happened and how to undo it.
+    let said = gone["structuredContent"]["error"].to_string();
+    assert!(
+        said.contains("was archived") && said.contains("alexandria workspace restore acme-"),
+        "{said}"
+    );
     assert!(!env.ok(&["workspace", "list"]).contains("acme"));
 
     // Restore: files, index and history are back.
@@ -838,6 +844,14 @@ fn workspaces_are_renamed_archived_restored_and_described() {
     assert_eq!(
         old["structuredContent"]["error"]["code"],
         "workspace_not_found"
+    );
+    // A session still pinned to the old name learns the new one and the fix.
+    let pinned_old = tool(&mut pinned, 10, "guide", json!({}));
+    let said = pinned_old["structuredContent"]["error"].to_string();
+    assert!(
+        said.contains("renamed to 'field-notes'")
+            && said.contains("alexandria mcp install <client> --workspace field-notes"),
+        "{said}"
     );
     // A write to the renamed workspace commits in its new place.
     let appended = tool(

@@ -16,6 +16,7 @@ use crate::commit::lock_workspace;
 use crate::error::{ToolError, ToolResult};
 use crate::index;
 use crate::workspace::Store;
+use crate::workspace::store::Moved;
 
 /// The workspace every home has; it cannot be renamed or archived.
 const DEFAULT_WORKSPACE: &str = "global";
@@ -92,6 +93,13 @@ pub fn rename(store: &Store, from: &str, to: &str) -> ToolResult<Value> {
     }
     // The old name's cached state (git handle, caught-up flag) must not outlive it.
     store.forget_state(from);
+    store.note_moved(
+        from,
+        Moved::Renamed {
+            to: to.to_string(),
+            at: crate::db::now_ms(),
+        },
+    );
     Ok(json!({"from": from, "to": to, "path": new_dir.display().to_string()}))
 }
 
@@ -144,6 +152,13 @@ pub fn archive(store: &Store, slug: &str) -> ToolResult<Value> {
         return Err(error.into());
     }
     store.forget_state(slug);
+    store.note_moved(
+        slug,
+        Moved::Archived {
+            archive: name.clone(),
+            at: crate::db::now_ms(),
+        },
+    );
     Ok(json!({"workspace": slug, "archive": name, "path": target.display().to_string()}))
 }
 

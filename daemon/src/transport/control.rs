@@ -224,7 +224,7 @@ fn run(
             if !pinned.is_empty() {
                 text.push_str(&format!(
                     "
-{} live session(s) pinned to '{from}' now get workspace_not_found; restart them after updating their client entries",
+{} live session(s) pinned to '{from}' are told the new name at their next call (workspace_not_found with the fix); restart them after updating their client entries",
                     pinned.len()
                 ));
             }

@@ -133,6 +133,16 @@ pub struct Store {
     pub db_report: db::OpenReport,
     states: Mutex<HashMap<String, Arc<WorkspaceState>>>,
     changes: tokio::sync::broadcast::Sender<PathChange>,
+    /// Workspaces renamed or archived while this daemon runs: old slug → what became
+    /// of it, so a session still pinned to the old name is told, not just "not found".
+    moved: Mutex<HashMap<String, Moved>>,
+}
+
+/// What became of a workspace that is gone.
+#[derive(Debug, Clone)]
+pub enum Moved {
+    Renamed { to: String, at: i64 },
+    Archived { archive: String, at: i64 },
 }
 
 impl Store {
@@ -150,6 +160,7 @@ impl Store {
             db_report,
             states: Mutex::new(HashMap::new()),
             changes: tokio::sync::broadcast::channel(CHANGE_BACKLOG).0,
+            moved: Mutex::new(HashMap::new()),
         });
         store.log_db_report();
         if !store.workspace_dir("global").join(".git").is_dir() {
@@ -233,6 +244,22 @@ impl Store {
     }
 
     /// Check that `slug` names an existing workspace.
+    /// Remember what became of `slug` (rename, archive), for sessions pinned to it.
+    pub fn note_moved(&self, slug: &str, moved: Moved) {
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(slug.to_string(), moved);
+    }
+
+    fn moved(&self, slug: &str) -> Option<Moved> {
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(slug)
+            .cloned()
+    }
+
     pub fn require_workspace(&self, slug: &str) -> ToolResult<()> {
         if let Err(e) = paths::validate_slug(slug) {
             return Err(ToolError::new(
@@ -243,6 +270,31 @@ impl Store {
             .with_person_hint("`alexandria workspace list` shows the workspaces"));
         }
         if !self.workspace_exists(slug) {
+            match self.moved(slug) {
+                Some(Moved::Renamed { to, at }) => {
+                    return Err(ToolError::new(
+                        ErrorCode::WorkspaceNotFound,
+                        format!("workspace '{slug}' was renamed to '{to}' at {}", crate::db::iso_time(at)),
+                        format!("a session pinned to '{slug}' cannot follow the rename: tell the user to re-run `alexandria mcp install <client> --workspace {to}` and restart this client; an open session passes workspace=\"{to}\""),
+                    )
+                    .with_person_hint(format!(
+                        "re-run `alexandria mcp install <client> --workspace {to}` for each client entry that pinned '{slug}', then restart those clients"
+                    ))
+                    .with_detail("workspace", slug)
+                    .with_detail("renamed_to", to.as_str()));
+                }
+                Some(Moved::Archived { archive, at }) => {
+                    return Err(ToolError::new(
+                        ErrorCode::WorkspaceNotFound,
+                        format!("workspace '{slug}' was archived at {}", crate::db::iso_time(at)),
+                        format!("nothing was deleted: the user can bring it back with `alexandria workspace restore {archive}`"),
+                    )
+                    .with_person_hint(format!("`alexandria workspace restore {archive}` brings it back"))
+                    .with_detail("workspace", slug)
+                    .with_detail("archive", archive.as_str()));
+                }
+                None => {}
+            }
             return Err(ToolError::new(
                 ErrorCode::WorkspaceNotFound,
                 format!("there is no workspace '{slug}'"),
