@@ -144,6 +144,8 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     tokio::spawn(prune_call_logs(Arc::clone(&context)));
     // Sources sync on their own threads: never on the runtime, never under a lock
     // while they wait on the network.
+    // Before the socket serves anything: sources a rebuilt state.db lost come back.
+    crate::sources::ledger::restore_all(&context.store);
     crate::sources::scheduler::spawn(Arc::clone(&context.store));
     let signals = tokio::spawn(wait_for_signal(Arc::clone(&context)));
     let http_server = http_listener.map(|listener| {

@@ -645,3 +645,87 @@ fn guide_and_workspace_list_say_indexing_while_a_rebuild_runs() {
         "{guide}"
     );
 }
+
+/// The sources a user set up, what they captured and what they dismissed survive
+/// losing state.db: the sources come back from the workspace's ledger, captured files
+/// are recognised in raw/sources/ (not captured twice), dismissed items stay dismissed.
+#[test]
+fn sources_captures_and_dismissals_survive_losing_state_db() {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let inbox = tempfile::tempdir().expect("inbox");
+    for (name, text) in [
+        ("keep.md", "# Keep\n\nsaved\n"),
+        ("drop.md", "# Drop\n\nnoise\n"),
+        ("later.md", "# Later\n\nundecided\n"),
+    ] {
+        std::fs::write(inbox.path().join(name), text).expect("write");
+    }
+    // A file counts once it has been unchanged for a second.
+    std::thread::sleep(Duration::from_millis(1100));
+    let folder = inbox.path().to_str().expect("utf8");
+    env.ok(&[
+        "source",
+        "add",
+        "lab",
+        "folder",
+        folder,
+        "--name",
+        "inbox",
+        "--no-auto",
+    ]);
+    env.ok(&["source", "sync", "lab", "inbox"]);
+    let items = |state: &str| -> Vec<Value> {
+        let out = env.ok(&["subscription", "list", "lab", "--state", state, "--json"]);
+        serde_json::from_str::<Value>(&out)
+            .expect("json")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let id_of = |title: &str| {
+        items("pending")
+            .iter()
+            .find(|i| i["title"] == title)
+            .and_then(|i| i["id"].as_i64())
+            .expect("a pending item")
+            .to_string()
+    };
+    let (keep, drop) = (id_of("keep.md"), id_of("drop.md"));
+    env.ok(&["subscription", "ingest", "lab", &keep]);
+    env.ok(&["subscription", "dismiss", "lab", &drop]);
+    let captured_dir = env.workspace_dir("lab").join("raw/sources/inbox");
+    assert!(captured_dir.join("keep.md").is_file());
+
+    stop_daemon(&env);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(env.home.join(format!("state.db{suffix}")));
+    }
+
+    let listed: Value =
+        serde_json::from_str(&env.ok(&["source", "list", "lab", "--json"])).expect("json");
+    assert_eq!(listed[0]["name"], "inbox", "the source is back: {listed}");
+    assert_eq!(listed[0]["kind"], "folder");
+    assert_eq!(listed[0]["auto"], false);
+    env.ok(&["source", "sync", "lab", "inbox"]);
+    let pending: Vec<String> = items("pending")
+        .iter()
+        .map(|i| i["title"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        pending,
+        vec!["later.md".to_string()],
+        "only the undecided item is pending again"
+    );
+    let captured = items("captured");
+    assert_eq!(captured.len(), 1, "{captured:?}");
+    assert_eq!(captured[0]["raw_path"], "raw/sources/inbox/keep.md");
+    assert_eq!(items("dismissed").len(), 1);
+    let files: Vec<_> = std::fs::read_dir(&captured_dir)
+        .expect("captured dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(files.len(), 1, "nothing captured twice: {files:?}");
+}

@@ -18,6 +18,7 @@ pub mod feed;
 pub mod folder;
 pub mod git;
 pub mod http;
+pub mod ledger;
 pub mod redact;
 pub mod scheduler;
 pub mod secret;
@@ -472,9 +473,10 @@ pub fn add(store: &Store, spec: SourceSpec) -> ToolResult<Value> {
         }
         Err(e) => return Err(e.into()),
     }
-    scheduler::wake();
+    ledger::save(store, &spec.workspace);
     let source = find(&connection, &spec.workspace, &name)?;
     let summary = describe(&connection, store, &source)?;
+    scheduler::wake();
     Ok(summary)
 }
 
@@ -487,6 +489,8 @@ pub fn remove(store: &Store, workspace: &str, name: &str) -> ToolResult<Value> {
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
     connection.execute("DELETE FROM sources WHERE id = ?1", params![source.id])?;
     secret::remove(store, source.id);
+    drop(connection);
+    ledger::save(store, workspace);
     scheduler::wake();
     Ok(json!({"workspace": workspace, "name": name, "removed": true}))
 }
@@ -1124,6 +1128,8 @@ pub fn dismiss(store: &Store, workspace: &str, ids: &[i64]) -> ToolResult<Vec<i6
         }
     }
     transaction.commit()?;
+    drop(connection);
+    ledger::save(store, workspace);
     Ok(done)
 }
 
