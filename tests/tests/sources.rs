@@ -785,3 +785,214 @@ fn a_crash_during_a_capture_loses_nothing_and_leaves_no_half_file() {
     let out = env.ok(&["source", "sync", "lab", "drop"]);
     assert!(out.contains("0 new"), "{out}");
 }
+
+/// A `url` source: a web page captured as markdown (readability), searchable; an
+/// unchanged page is a conditional request that adds nothing; a changed page is a new
+/// revision captured beside the first (raw/ is immutable); a PDF behind a URL is kept
+/// as the PDF and its text is searchable.
+#[test]
+fn url_source_captures_pages_and_pdfs_and_only_changes() {
+    let server = Server::start().expect("server");
+    server.route(
+        "/page",
+        Route::body(
+            "text/html; charset=utf-8",
+            article_page(
+                "Tide tables",
+                "The okapi1 grazes at low tide in this article.",
+            ),
+        )
+        .with_etag("p1"),
+    );
+    let pdf = alexandria_tests::make_pdf(&["The pangolin2 rolls into a ball."]);
+    server.route("/paper", Route::body("application/pdf", pdf.clone()));
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let ws = env.workspace_dir("lab");
+    env.ok(&[
+        "source",
+        "add",
+        "lab",
+        "url",
+        &server.url("/page"),
+        &server.url("/paper"),
+        "--name",
+        "pages",
+        "--auto",
+    ]);
+    env.ok(&["source", "sync", "lab", "pages"]);
+    let captured = items(&env, "lab", Some("captured"));
+    assert_eq!(captured.len(), 2, "{captured:?}");
+    let paths: Vec<String> = captured
+        .iter()
+        .map(|i| i["raw_path"].as_str().unwrap_or("").to_string())
+        .collect();
+    let page_path = paths.iter().find(|p| p.ends_with(".md")).expect("a page");
+    let pdf_path = paths.iter().find(|p| p.ends_with(".pdf")).expect("a PDF");
+    let page = std::fs::read_to_string(ws.join(page_path)).expect("page");
+    assert!(page.contains("okapi1"), "{page}");
+    assert!(
+        page.contains("item_id:"),
+        "front matter names the item: {page}"
+    );
+    assert_eq!(std::fs::read(ws.join(pdf_path)).expect("pdf"), pdf);
+    let mut shim = env.raw_shim(Some("lab"));
+    shim.initialize("2025-11-25");
+    for (n, word, expected) in [(1, "okapi1", page_path), (2, "pangolin2", pdf_path)] {
+        let found = shim.request(
+            n,
+            "tools/call",
+            json!({"name": "search", "arguments": {"query": word}}),
+        );
+        assert!(
+            found["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .contains(expected.as_str()),
+            "{word}: {found}"
+        );
+    }
+
+    // Unchanged: a conditional request, nothing new.
+    let again = env.ok(&["source", "sync", "lab", "pages"]);
+    assert!(again.contains("0 new"), "{again}");
+    let requests = server.requests("/page");
+    assert_eq!(
+        requests
+            .last()
+            .and_then(|r| r.headers.get("if-none-match"))
+            .map(String::as_str),
+        Some("\"p1\""),
+        "the second request is conditional"
+    );
+    // Changed: a second revision beside the first.
+    server.route(
+        "/page",
+        Route::body(
+            "text/html; charset=utf-8",
+            article_page(
+                "Tide tables",
+                "The okapi1 now grazes at high tide, revised.",
+            ),
+        )
+        .with_etag("p2"),
+    );
+    env.ok(&["source", "sync", "lab", "pages"]);
+    let captured = items(&env, "lab", Some("captured"));
+    assert_eq!(captured.len(), 3, "{captured:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join(page_path)).expect("first revision"),
+        page,
+        "the first capture is never overwritten"
+    );
+}
+
+/// A feed whose entry links to a PDF: the PDF itself is captured, and searchable.
+#[test]
+fn a_pdf_behind_a_feed_link_is_captured_as_the_pdf() {
+    let server = Server::start().expect("server");
+    let pdf = alexandria_tests::make_pdf(&["Quokka3 smiles for the camera."]);
+    server.route("/paper.pdf", Route::body("application/pdf", pdf.clone()));
+    let entries = vec![(
+        "urn:paper".to_string(),
+        "A paper".to_string(),
+        server.url("/paper.pdf"),
+        "Summary of the paper.".to_string(),
+    )];
+    server.route(
+        "/feed.xml",
+        Route::body("application/rss+xml", rss(&entries)),
+    );
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    env.ok(&[
+        "source",
+        "add",
+        "lab",
+        "feed",
+        &server.url("/feed.xml"),
+        "--name",
+        "papers",
+    ]);
+    env.ok(&["source", "sync", "lab", "papers"]);
+    let pending = items(&env, "lab", Some("pending"));
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let id = pending[0]["id"].to_string();
+    env.ok(&["subscription", "ingest", "lab", &id]);
+    let captured = items(&env, "lab", Some("captured"));
+    let raw_path = captured[0]["raw_path"]
+        .as_str()
+        .expect("raw path")
+        .to_string();
+    assert!(raw_path.ends_with(".pdf"), "{raw_path}");
+    assert_eq!(
+        std::fs::read(env.workspace_dir("lab").join(&raw_path)).expect("pdf"),
+        pdf
+    );
+    let mut shim = env.raw_shim(Some("lab"));
+    shim.initialize("2025-11-25");
+    let found = shim.request(
+        1,
+        "tools/call",
+        json!({"name": "search", "arguments": {"query": "Quokka3"}}),
+    );
+    assert!(
+        found["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&raw_path),
+        "{found}"
+    );
+}
+
+/// A `git` source given a clone URL (here `file://` of a bare repository): mirrored
+/// by the `git` command line, followed by its branch.
+#[test]
+fn git_source_follows_a_clone_url() {
+    let env = Env::new();
+    let work = env.dir.path().join("work");
+    std::fs::create_dir_all(&work).expect("work");
+    git(&work, &["init", "-q", "-b", "main"]);
+    std::fs::write(work.join("a.md"), "# A\n\nwombat alpha\n").expect("write");
+    git(&work, &["add", "."]);
+    git(&work, &["commit", "-q", "-m", "one"]);
+    let bare = env.dir.path().join("remote.git");
+    git(
+        env.dir.path(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            work.to_str().expect("utf8"),
+            bare.to_str().expect("utf8"),
+        ],
+    );
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let ws = env.workspace_dir("lab");
+    let url = format!("file://{}", bare.display());
+    env.ok(&["source", "add", "lab", "git", &url, "--name", "upstream"]);
+    env.ok(&["source", "sync", "lab", "upstream"]);
+    assert!(
+        wait_until(Duration::from_secs(15), || ws
+            .join("raw/sources/upstream/a.md")
+            .is_file()),
+        "{:?}",
+        items(&env, "lab", None)
+    );
+    std::fs::write(work.join("b.md"), "# B\n\nwombat beta\n").expect("write");
+    git(&work, &["add", "."]);
+    git(&work, &["commit", "-q", "-m", "two"]);
+    git(&work, &["push", "-q", bare.to_str().expect("utf8"), "main"]);
+    env.ok(&["source", "sync", "lab", "upstream"]);
+    assert!(
+        wait_until(Duration::from_secs(15), || ws
+            .join("raw/sources/upstream/b.md")
+            .is_file()),
+        "the new commit is fetched: {:?}",
+        items(&env, "lab", None)
+    );
+    assert_eq!(items(&env, "lab", Some("captured")).len(), 2);
+}
