@@ -13,3 +13,4 @@ pub mod report;
 pub mod run;
 pub mod sources;
 pub mod stats;
+pub mod web;

@@ -449,6 +449,19 @@ fn corpus_size(
     }
     drop(direct);
 
+    // The web view's pages (issue 11), checked before timed.
+    progress(&format!("[{label}] web view pages"));
+    if let (Some(page), Some(marker)) = (corpus.page_paths.first(), corpus.markers.first()) {
+        out.rows.extend(crate::web::page_latencies(
+            &home,
+            SLUG,
+            &label,
+            settings.tool_plan(),
+            page,
+            &marker.word,
+        )?);
+    }
+
     // Writes.
     progress(&format!("[{label}] writes"));
     let mut shim = home.shim(SLUG)?;
