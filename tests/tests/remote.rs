@@ -735,3 +735,80 @@ fn the_access_page_lists_and_revokes_remote_clients() {
         "{clients:?}"
     );
 }
+
+/// Client ID Metadata Documents: a client whose client_id is the URL of its metadata
+/// (as Claude.ai's is) authorizes without registering; the server advertises it; a
+/// document that names another client_id or another redirect is refused; the client is
+/// listed and revocable like a registered one.
+#[test]
+fn a_client_metadata_document_replaces_registration() {
+    use alexandria_bench::httpd::{Route, Server};
+    let remote = Remote::start();
+    let metadata: Value =
+        serde_json::from_str(&remote.get("/.well-known/oauth-authorization-server").body)
+            .expect("json");
+    assert_eq!(metadata["client_id_metadata_document_supported"], true);
+
+    let server = Server::start().expect("document server");
+    let client_id = server.url("/oauth/client-metadata");
+    server.route(
+        "/oauth/client-metadata",
+        Route::body(
+            "application/json",
+            json!({"client_id": client_id, "client_name": "Metadata <Client>",
+                   "redirect_uris": [REDIRECT], "token_endpoint_auth_method": "none"})
+            .to_string(),
+        ),
+    );
+    let page = remote.authorize(&client_id, "acme", "wiki:read");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("Metadata &lt;Client&gt;"),
+        "{}",
+        page.body
+    );
+    let approved = remote.consent(&page, &remote.pair());
+    assert_eq!(approved.status, 303, "{}", approved.body);
+    let params = query_of(approved.header("location").expect("location"));
+    let reply = remote.exchange(&client_id, &params["code"], "acme");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let tokens: Value = serde_json::from_str(&reply.body).expect("json");
+    let access = tokens["access_token"].as_str().expect("access token");
+    assert_eq!(remote.initialize("/mcp/acme", access).status, 200);
+    let listed = cli(remote.home(), &["remote", "clients"]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(&client_id),
+        "{listed:?}"
+    );
+
+    // A document that claims another identity, or a redirect it does not list.
+    let liar = server.url("/oauth/liar");
+    server.route(
+        "/oauth/liar",
+        Route::body(
+            "application/json",
+            json!({"client_id": "https://claude.ai/oauth/mcp-oauth-client-metadata",
+                   "redirect_uris": [REDIRECT]})
+            .to_string(),
+        ),
+    );
+    let refused = remote.authorize(&liar, "acme", "wiki:read");
+    assert_ne!(refused.status, 200, "{}", refused.body);
+    assert!(refused.body.contains("client_id"), "{}", refused.body);
+    let other_redirect = server.url("/oauth/other");
+    server.route(
+        "/oauth/other",
+        Route::body(
+            "application/json",
+            json!({"client_id": other_redirect, "redirect_uris": ["http://127.0.0.1:9/elsewhere"]})
+                .to_string(),
+        ),
+    );
+    let refused = remote.authorize(&other_redirect, "acme", "wiki:read");
+    assert_ne!(refused.status, 200, "{}", refused.body);
+
+    // Revoked like any client: the token stops working.
+    let revoked = cli(remote.home(), &["remote", "revoke", &client_id]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    assert_eq!(remote.initialize("/mcp/acme", access).status, 401);
+}

@@ -17,6 +17,7 @@
 //! This module holds no HTTP: `transport/http_oauth.rs` maps requests onto it.
 //! It may import `db`, `config` and `super` (the token authority).
 
+pub mod cimd;
 pub mod urls;
 
 use std::collections::{HashMap, HashSet};
@@ -195,7 +196,7 @@ impl Remote {
             "revocation_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
             "scopes_supported": [SCOPE_READ, SCOPE_WRITE, "offline_access"],
             "authorization_response_iss_parameter_supported": true,
-            "client_id_metadata_document_supported": false,
+            "client_id_metadata_document_supported": true,
         })
     }
 }
@@ -604,7 +605,61 @@ impl OAuthServer {
         Ok(reply)
     }
 
+    /// A client: registered (RFC 7591), or described by the metadata document its
+    /// URL-shaped `client_id` points at (CIMD, `cimd.rs`), fetched when not fresh.
     pub fn client(&self, client_id: &str) -> Result<Option<Client>, OAuthFailure> {
+        let recorded = self.recorded_client(client_id)?;
+        if !cimd::is_document_url(client_id)
+            || (recorded.is_some() && cimd::cached(client_id).is_some())
+        {
+            return Ok(recorded);
+        }
+        let allow_loopback = self
+            .remote()
+            .and_then(|remote| Url::parse(remote.issuer()))
+            .is_some_and(|url| url.is_loopback());
+        match cimd::fetch(client_id, allow_loopback) {
+            Ok(document) => {
+                let uris = serde_json::to_string(&document.redirect_uris)
+                    .map_err(OAuthFailure::internal)?;
+                let connection = self.pool.get().map_err(OAuthFailure::internal)?;
+                connection
+                    .execute(
+                        "INSERT INTO oauth_clients(client_id, secret_hash, auth_method, name, redirect_uris, metadata, created_at)
+                         VALUES (?1, NULL, 'none', ?2, ?3, ?4, ?5)
+                         ON CONFLICT(client_id) DO UPDATE SET name = excluded.name,
+                           redirect_uris = excluded.redirect_uris, metadata = excluded.metadata",
+                        params![client_id, document.name, uris, document.raw.to_string(), now_ms()],
+                    )
+                    .map_err(OAuthFailure::internal)?;
+                tracing::info!(client_id, "oauth: client metadata document fetched");
+                Ok(Some(Client {
+                    client_id: client_id.to_string(),
+                    name: document.name,
+                    redirect_uris: document.redirect_uris,
+                    auth_method: "none".into(),
+                    secret_hash: None,
+                }))
+            }
+            Err(why) => match recorded {
+                Some(client) => {
+                    tracing::warn!(
+                        client_id,
+                        why,
+                        "oauth: client metadata document unavailable; using the recorded copy"
+                    );
+                    Ok(Some(client))
+                }
+                None => Err(OAuthFailure::new(
+                    400,
+                    "invalid_client",
+                    format!("the client metadata document at {client_id} cannot be used: {why}"),
+                )),
+            },
+        }
+    }
+
+    fn recorded_client(&self, client_id: &str) -> Result<Option<Client>, OAuthFailure> {
         let connection = self.pool.get().map_err(OAuthFailure::internal)?;
         connection
             .query_row(
@@ -1280,6 +1335,7 @@ impl OAuthServer {
 
     /// Revoke every grant of `client_id` and forget the client. False if unknown.
     pub fn revoke_client(&self, client_id: &str) -> Result<bool, RemoteError> {
+        cimd::forget(client_id);
         let grant_ids: Vec<String> = {
             let connection = self.pool.get()?;
             let mut statement = connection.prepare(
