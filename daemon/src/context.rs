@@ -87,24 +87,60 @@ impl DaemonContext {
 }
 
 /// Requests in flight on the Unix socket (MCP calls and control requests): counted from
-/// the moment a request is read until its answer is written. Shutdown waits for the
-/// count to reach zero before it closes connections, so a call that was accepted is
-/// answered, not cut off.
-#[derive(Debug, Default)]
+/// the moment a request is read until its answer is written. Shutdown first closes the
+/// count (`close`): from then on `try_begin` refuses, and the request is answered
+/// `daemon_stopping` (not started, safe to send again) instead of being run. It then
+/// waits for the count to reach zero, so a call that was admitted is answered, never cut
+/// off, and no call can slip in after the wait saw zero.
+#[derive(Debug)]
 pub struct Inflight {
+    /// The number of requests, with `CLOSED` set once shutdown began.
     count: AtomicUsize,
     idle: Notify,
+    /// Set once closed and drained: every request admitted was answered and none will be
+    /// admitted any more, so whatever a client still waits for was never started.
+    settled: watch::Sender<bool>,
+    /// MCP connections that still have to write their closing notification.
+    writers: AtomicUsize,
+    writers_done: Notify,
+}
+
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
+impl Default for Inflight {
+    fn default() -> Self {
+        Inflight {
+            count: AtomicUsize::new(0),
+            idle: Notify::new(),
+            settled: watch::channel(false).0,
+            writers: AtomicUsize::new(0),
+            writers_done: Notify::new(),
+        }
+    }
 }
 
 impl Inflight {
-    /// One request more until the guard is dropped.
-    pub fn begin(self: &Arc<Self>) -> InflightGuard {
-        self.count.fetch_add(1, Ordering::SeqCst);
-        InflightGuard(Arc::clone(self))
+    /// One request more until the guard is dropped, or `None` once shutdown began.
+    pub fn try_begin(self: &Arc<Self>) -> Option<InflightGuard> {
+        self.count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |count| {
+                (count & CLOSED == 0).then_some(count + 1)
+            })
+            .ok()
+            .map(|_| InflightGuard(Arc::clone(self)))
+    }
+
+    /// Admit no more requests (`try_begin` refuses from now on).
+    pub fn close(&self) {
+        self.count.fetch_or(CLOSED, Ordering::SeqCst);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.count.load(Ordering::SeqCst) & CLOSED != 0
     }
 
     pub fn count(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
+        self.count.load(Ordering::SeqCst) & !CLOSED
     }
 
     /// Returns once no request is in flight.
@@ -120,6 +156,47 @@ impl Inflight {
             idle.await;
         }
     }
+
+    /// Closed and drained: tell the connections, which tell their clients that nothing
+    /// they still wait for was started (`alexandria_proto::CLOSING_NOTIFICATION`).
+    pub fn settle(&self) {
+        let _ = self.settled.send(true);
+    }
+
+    pub fn settled(&self) -> watch::Receiver<bool> {
+        self.settled.subscribe()
+    }
+
+    /// One MCP connection's writer, until the guard is dropped.
+    pub fn writer(self: &Arc<Self>) -> WriterGuard {
+        self.writers.fetch_add(1, Ordering::SeqCst);
+        WriterGuard(Arc::clone(self))
+    }
+
+    /// Returns once every MCP connection's writer has finished.
+    pub async fn writers_closed(&self) {
+        loop {
+            let done = self.writers_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.writers.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+}
+
+/// Ends one writer of `Inflight::writer` when dropped.
+#[derive(Debug)]
+pub struct WriterGuard(Arc<Inflight>);
+
+impl Drop for WriterGuard {
+    fn drop(&mut self) {
+        if self.0.writers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.writers_done.notify_waiters();
+        }
+    }
 }
 
 /// Ends one request of an `Inflight` count when dropped.
@@ -128,7 +205,7 @@ pub struct InflightGuard(Arc<Inflight>);
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) & !CLOSED == 1 {
             self.0.idle.notify_waiters();
         }
     }
@@ -142,8 +219,8 @@ mod tests {
     async fn drained_waits_for_the_last_guard() {
         let inflight = Arc::new(Inflight::default());
         inflight.drained().await;
-        let first = inflight.begin();
-        let second = inflight.begin();
+        let first = inflight.try_begin().expect("open");
+        let second = inflight.try_begin().expect("open");
         let waiter = tokio::spawn({
             let inflight = Arc::clone(&inflight);
             async move { inflight.drained().await }
@@ -157,5 +234,21 @@ mod tests {
             .expect("drained after the last guard")
             .expect("join");
         assert_eq!(inflight.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_closed_count_admits_nothing_and_still_drains() {
+        let inflight = Arc::new(Inflight::default());
+        let running = inflight.try_begin().expect("open");
+        inflight.close();
+        assert!(inflight.is_closed());
+        assert!(inflight.try_begin().is_none());
+        assert_eq!(inflight.count(), 1);
+        drop(running);
+        tokio::time::timeout(std::time::Duration::from_secs(5), inflight.drained())
+            .await
+            .expect("drained");
+        assert_eq!(inflight.count(), 0);
+        assert!(inflight.try_begin().is_none());
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! 1. close the socket and remove its file: new clients see no daemon, find the
 //!    pidfile locked, and wait for this process to exit;
-//! 2. let the requests in flight finish and be answered (≤ `DRAIN_GRACE`);
+//! 2. admit no new request (`daemon_stopping`: not started, send it again), let the
+//!    requests admitted finish and be answered (≤ `DRAIN_GRACE`), then tell every MCP
+//!    connection that nothing it still waits for was started;
 //! 3. finish HTTP (≤ `HTTP_SHUTDOWN_GRACE`) and git's index;
 //! 4. stop the runtime, which waits for blocking work still running;
 //! 5. remove the pidfile and exit: the kernel releases the lock with the process, so
@@ -34,6 +36,8 @@ use crate::workspace::Store;
 const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// How long shutdown waits for socket requests in flight (tool calls, an ingest).
 const DRAIN_GRACE: Duration = Duration::from_secs(20);
+/// How long the MCP connections get to write their closing notice after the drain.
+const CLOSING_GRACE: Duration = Duration::from_secs(1);
 /// How long the runtime's shutdown waits for blocking work that outlived the drain;
 /// work cut off after that is recovered at the next start, as after a crash.
 const BLOCKING_GRACE: Duration = Duration::from_secs(5);
@@ -156,17 +160,19 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
         })
     });
     socket::serve(listener, Arc::clone(&context)).await;
+    // Admit no new request from here on (one read from now on is answered
+    // `daemon_stopping`: not started, send it again).
+    context.inflight.close();
     // 1. The listener is closed; its file goes too. We still hold the pidfile lock,
     //    so the path is ours to remove and nobody can bind a new one yet.
     let _ = std::fs::remove_file(home.socket());
     signals.abort();
     let stopping = Instant::now();
+    // 2. The requests admitted finish and are answered.
     tracing::info!(
         inflight = context.inflight.count(),
         "stopping: answering the requests in flight"
     );
-    // 2. Requests in flight finish and are answered; sessions then close when the
-    //    runtime stops, and their shims reconnect to the next daemon.
     if tokio::time::timeout(DRAIN_GRACE, context.inflight.drained())
         .await
         .is_err()
@@ -176,6 +182,17 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
             "requests still running after {}s; stopping anyway",
             DRAIN_GRACE.as_secs()
         );
+    } else {
+        // Every admitted request is answered: each MCP connection tells its shim that
+        // whatever it still waits for was never started, and the shim sends that to
+        // the next daemon. Then the sessions close with the runtime.
+        context.inflight.settle();
+        if tokio::time::timeout(CLOSING_GRACE, context.inflight.writers_closed())
+            .await
+            .is_err()
+        {
+            tracing::warn!("MCP connections did not take their closing notice in time");
+        }
     }
     // 3. HTTP (its graceful shutdown ran meanwhile).
     if let Some(mut server) = http_server {

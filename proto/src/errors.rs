@@ -22,11 +22,14 @@ pub enum ErrorCode {
     TooLarge,
     InvalidArgument,
     InvalidQuery,
+    /// The daemon is stopping (`daemon stop`, a signal, an upgrade) and did not start
+    /// this request: send it again (the shim does, to the next daemon).
+    DaemonStopping,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::WorkspaceRequired,
         ErrorCode::WorkspaceNotFound,
         ErrorCode::WorkspaceNotAccessible,
@@ -44,6 +47,7 @@ impl ErrorCode {
         ErrorCode::TooLarge,
         ErrorCode::InvalidArgument,
         ErrorCode::InvalidQuery,
+        ErrorCode::DaemonStopping,
         ErrorCode::Internal,
     ];
 
@@ -66,6 +70,7 @@ impl ErrorCode {
             ErrorCode::TooLarge => "too_large",
             ErrorCode::InvalidArgument => "invalid_argument",
             ErrorCode::InvalidQuery => "invalid_query",
+            ErrorCode::DaemonStopping => "daemon_stopping",
             ErrorCode::Internal => "internal",
         }
     }

@@ -36,6 +36,12 @@ pub const DEFAULT_HTTP_PORT: u16 = 4747;
 /// Larger frames are answered with a JSON-RPC error and discarded.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
+/// The last frame a stopping daemon writes on an MCP connection, once every request it
+/// admitted is answered: a JSON-RPC notification with this method. A request the
+/// client sent that is still unanswered then was never started, so the shim sends it
+/// again to the next daemon instead of failing it. The shim does not pass it on.
+pub const CLOSING_NOTIFICATION: &str = "notifications/alexandria/closing";
+
 /// The first line a client sends on a fresh connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {

@@ -21,9 +21,22 @@ pub(crate) fn request(
     connector: &Connector,
     request: &ControlRequest,
 ) -> Result<(String, serde_json::Value)> {
-    let connection = connector.connect(ConnectionKind::Control)?;
-    exchange(connection, request)
+    // A daemon that began to stop answers `daemon_stopping` without starting the
+    // request: connect again (that waits for it to exit and starts the next one).
+    let mut attempts = 0;
+    loop {
+        let connection = connector.connect(ConnectionKind::Control)?;
+        match exchange(connection, request) {
+            Err(error) if error.is::<NotStarted>() && attempts < 3 => attempts += 1,
+            result => return result,
+        }
+    }
 }
+
+/// The daemon was stopping and did not start the request.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NotStarted(String);
 
 fn exchange(
     mut connection: Connection,
@@ -58,6 +71,9 @@ fn exchange(
                 hint,
             } => {
                 progress.finish();
+                if code == alexandria_proto::ErrorCode::DaemonStopping.as_str() {
+                    return Err(NotStarted(format!("{code}: {message}\nhint: {hint}")).into());
+                }
                 if hint.is_empty() {
                     bail!("{code}: {message}");
                 }

@@ -6,17 +6,24 @@
 //! JSON-RPC error at once, and the next frame reconnects (starting a daemon if needed)
 //! and replays the handshake before it is forwarded. Nothing but MCP frames is ever
 //! written to stdout.
+//!
+//! A stopping daemon answers a request it will not start with `daemon_stopping`, and
+//! once it has answered everything it started it says so (`CLOSING_NOTIFICATION`).
+//! Those requests were never run: the pump sends them again to the next daemon (which
+//! it starts if needed) instead of failing them, so a `daemon stop`, a signal or an
+//! upgrade costs the client a short wait, not an error.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::thread;
 use std::time::Duration;
 
-use alexandria_proto::{Binding, ConnectionKind, McpHello};
+use alexandria_proto::{Binding, CLOSING_NOTIFICATION, ConnectionKind, ErrorCode, McpHello};
 use anyhow::{Context, Result, anyhow};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -26,6 +33,9 @@ use crate::connect::{Connection, Connector};
 /// JSON-RPC error code for "the daemon went away before answering".
 const DAEMON_LOST: i64 = -32000;
 const REPLAY_ID_PREFIX: &str = "alexandria-shim-replay-";
+/// How many times one request is sent again to a new daemon after a stopping one
+/// said it never started it.
+const MAX_RESENDS: u32 = 3;
 
 /// The parts of a JSON-RPC frame the pump looks at.
 #[derive(Deserialize)]
@@ -34,6 +44,31 @@ struct Peek<'a> {
     id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     method: Option<Cow<'a, str>>,
+    #[serde(default)]
+    error: Option<PeekError>,
+}
+
+#[derive(Deserialize)]
+struct PeekError {
+    #[serde(default)]
+    data: Option<PeekErrorData>,
+}
+
+#[derive(Deserialize)]
+struct PeekErrorData {
+    #[serde(default)]
+    code: Option<String>,
+}
+
+impl Peek<'_> {
+    /// A stopping daemon's answer to a request it did not start.
+    fn is_stopping_refusal(&self) -> bool {
+        self.error
+            .as_ref()
+            .and_then(|e| e.data.as_ref())
+            .and_then(|d| d.code.as_deref())
+            == Some(ErrorCode::DaemonStopping.as_str())
+    }
 }
 
 struct Link {
@@ -41,12 +76,22 @@ struct Link {
     generation: u64,
 }
 
-struct Shared {
-    link: Mutex<Link>,
-    /// Raw JSON id of each client request the daemon has not answered, with the
-    /// connection generation it was sent on.
-    inflight: Mutex<HashMap<String, u64>>,
+/// A client request the daemon has not answered.
+struct Pending {
+    /// The connection it was sent on.
+    generation: u64,
+    /// In the order the client sent it, for sending again.
+    seq: u64,
+    /// The frame as the client sent it, to send again when a stopping daemon did not
+    /// start it.
+    frame: Vec<u8>,
+    /// The daemon answered `daemon_stopping`: not started.
+    refused: bool,
+    resends: u32,
 }
+
+/// A request id with its pending state.
+type Unanswered = (String, Pending);
 
 /// What the pump must replay after reconnecting.
 #[derive(Default)]
@@ -56,37 +101,57 @@ struct Session {
     replays: u64,
 }
 
-pub struct PumpConfig {
-    pub binding: Binding,
+struct Shared {
+    link: Mutex<Link>,
+    /// Raw JSON id of each client request the daemon has not answered.
+    inflight: Mutex<HashMap<String, Pending>>,
+    session: Mutex<Session>,
+    connector: Connector,
+    binding: Binding,
+    /// Fires when the reader of the latest connection finishes.
+    reader_done: Mutex<Option<mpsc::Receiver<()>>>,
+    next_seq: AtomicU64,
 }
 
-pub fn serve(connector: Connector, config: PumpConfig) -> Result<()> {
-    let hello = |resumed| {
+impl Shared {
+    fn hello(&self, resumed: bool) -> ConnectionKind {
         ConnectionKind::Mcp(McpHello {
-            binding: config.binding.clone(),
+            binding: self.binding.clone(),
             parent_pid: std::os::unix::process::parent_id(),
             cwd: std::env::current_dir()
                 .map(|d| d.display().to_string())
                 .unwrap_or_default(),
             resumed,
         })
-    };
-    let connection = connector
-        .connect(hello(false))
-        .context("alexandria mcp serve could not reach the daemon")?;
+    }
+}
+
+pub struct PumpConfig {
+    pub binding: Binding,
+}
+
+pub fn serve(connector: Connector, config: PumpConfig) -> Result<()> {
     let shared = Arc::new(Shared {
         link: Mutex::new(Link {
             writer: None,
             generation: 0,
         }),
         inflight: Mutex::new(HashMap::new()),
+        session: Mutex::new(Session::default()),
+        connector,
+        binding: config.binding,
+        reader_done: Mutex::new(None),
+        next_seq: AtomicU64::new(0),
     });
-    let mut reader_done = {
+    let connection = shared
+        .connector
+        .connect(shared.hello(false))
+        .context("alexandria mcp serve could not reach the daemon")?;
+    {
         let mut link = lock(&shared.link);
-        install(&shared, &mut link, connection)?
-    };
+        install(&shared, &mut link, connection)?;
+    }
 
-    let mut session = Session::default();
     let stdin = io::stdin();
     let mut input = BufReader::with_capacity(64 * 1024, stdin.lock());
     let mut line = Vec::with_capacity(4096);
@@ -115,19 +180,13 @@ pub fn serve(connector: Connector, config: PumpConfig) -> Result<()> {
             Err(_) => (None, None),
         };
         match method.as_deref() {
-            Some("initialize") => session.initialize = Some(line.clone()),
-            Some("notifications/initialized") => session.initialized = Some(line.clone()),
+            Some("initialize") => lock(&shared.session).initialize = Some(line.clone()),
+            Some("notifications/initialized") => {
+                lock(&shared.session).initialized = Some(line.clone());
+            }
             _ => {}
         }
-        let sent = forward(
-            &shared,
-            &connector,
-            &hello,
-            &mut session,
-            &line,
-            request_id.as_deref(),
-            &mut reader_done,
-        );
+        let sent = forward(&shared, &line, request_id.as_deref());
         if let (Err(error), Some(id)) = (sent, request_id) {
             lock(&shared.inflight).remove(&id);
             write_stdout(&error_frame(
@@ -142,31 +201,30 @@ pub fn serve(connector: Connector, config: PumpConfig) -> Result<()> {
     if let Some(writer) = lock(&shared.link).writer.as_ref() {
         let _ = writer.shutdown(Shutdown::Write);
     }
-    let _ = reader_done.recv_timeout(Duration::from_secs(2));
+    let done = lock(&shared.reader_done).take();
+    if let Some(done) = done {
+        let _ = done.recv_timeout(Duration::from_secs(2));
+    }
     Ok(())
 }
 
-type HelloFn<'a> = dyn Fn(bool) -> ConnectionKind + 'a;
-
 /// Send one frame, reconnecting once if the link is down or breaks on write.
-fn forward(
-    shared: &Arc<Shared>,
-    connector: &Connector,
-    hello: &HelloFn<'_>,
-    session: &mut Session,
-    line: &[u8],
-    request_id: Option<&str>,
-    reader_done: &mut mpsc::Receiver<()>,
-) -> Result<()> {
+fn forward(shared: &Arc<Shared>, line: &[u8], request_id: Option<&str>) -> Result<()> {
     let mut link = lock(&shared.link);
     for attempt in 0..2 {
-        if link.writer.is_none() {
-            let connection = connector.connect(hello(true))?;
-            let connection = replay(connection, session)?;
-            *reader_done = install(shared, &mut link, connection)?;
-        }
+        connect_if_down(shared, &mut link)?;
         if let Some(id) = request_id {
-            lock(&shared.inflight).insert(id.to_string(), link.generation);
+            let seq = shared.next_seq.fetch_add(1, Ordering::SeqCst);
+            lock(&shared.inflight).insert(
+                id.to_string(),
+                Pending {
+                    generation: link.generation,
+                    seq,
+                    frame: line.to_vec(),
+                    refused: false,
+                    resends: 0,
+                },
+            );
         }
         let writer = link.writer.as_mut().expect("link was just established");
         match writer.write_all(line) {
@@ -184,6 +242,16 @@ fn forward(
         }
     }
     Err(anyhow!("could not deliver the frame"))
+}
+
+/// Connect (starting a daemon if needed) and replay the handshake, unless the link is up.
+fn connect_if_down(shared: &Arc<Shared>, link: &mut Link) -> Result<()> {
+    if link.writer.is_none() {
+        let connection = shared.connector.connect(shared.hello(true))?;
+        let connection = replay(connection, &mut lock(&shared.session))?;
+        install(shared, link, connection)?;
+    }
+    Ok(())
 }
 
 /// Replay the client's handshake on a fresh connection so the daemon-side session
@@ -225,79 +293,137 @@ fn replay(mut connection: Connection, session: &mut Session) -> Result<Connectio
     Ok(connection)
 }
 
-/// Make `connection` the live link and start its reader thread. The returned channel
-/// fires when that reader finishes.
-fn install(
-    shared: &Arc<Shared>,
-    link: &mut Link,
-    connection: Connection,
-) -> Result<mpsc::Receiver<()>> {
+/// Make `connection` the live link and start its reader thread.
+fn install(shared: &Arc<Shared>, link: &mut Link, connection: Connection) -> Result<()> {
     link.generation += 1;
     let generation = link.generation;
     link.writer = Some(connection.stream);
     let (done_tx, done_rx) = mpsc::channel();
-    let shared = Arc::clone(shared);
     let reader = connection.reader;
+    let thread_shared = Arc::clone(shared);
     thread::Builder::new()
         .name("daemon-reader".into())
         .spawn(move || {
-            pump_daemon_to_stdout(reader, &shared);
-            connection_lost(&shared, generation);
+            let settled = pump_daemon_to_stdout(reader, &thread_shared, generation);
+            connection_lost(&thread_shared, generation, settled);
             let _ = done_tx.send(());
         })
         .context("spawning the reader thread")?;
-    Ok(done_rx)
+    *lock(&shared.reader_done) = Some(done_rx);
+    Ok(())
 }
 
-fn pump_daemon_to_stdout<R: Read>(mut reader: BufReader<R>, shared: &Shared) {
+/// Copy the daemon's frames to stdout until the connection ends. Returns whether the
+/// daemon said it was closing with every request it started answered.
+fn pump_daemon_to_stdout<R: Read>(
+    mut reader: BufReader<R>,
+    shared: &Shared,
+    generation: u64,
+) -> bool {
     let mut line = Vec::with_capacity(4096);
     loop {
         line.clear();
         match reader.read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return false,
             Ok(_) => {}
         }
         if line.last() != Some(&b'\n') {
             // A partial frame at EOF: the daemon died mid-write; drop it.
-            return;
+            return false;
         }
-        if let Ok(peek) = serde_json::from_slice::<Peek>(&line)
-            && peek.method.is_none()
-            && let Some(id) = peek.id
-        {
-            if id.get().starts_with(&format!("\"{REPLAY_ID_PREFIX}")) {
-                continue;
+        if let Ok(peek) = serde_json::from_slice::<Peek>(&line) {
+            if peek.id.is_none() && peek.method.as_deref() == Some(CLOSING_NOTIFICATION) {
+                return true;
             }
-            lock(&shared.inflight).remove(id.get());
+            if peek.method.is_none()
+                && let Some(id) = peek.id
+            {
+                if id.get().starts_with(&format!("\"{REPLAY_ID_PREFIX}")) {
+                    continue;
+                }
+                let mut inflight = lock(&shared.inflight);
+                if peek.is_stopping_refusal()
+                    && let Some(pending) = inflight.get_mut(id.get())
+                    && pending.generation == generation
+                    && pending.resends < MAX_RESENDS
+                {
+                    // Not started: it goes to the next daemon once this one is gone.
+                    pending.refused = true;
+                    continue;
+                }
+                inflight.remove(id.get());
+            }
         }
         write_stdout(&line);
     }
 }
 
-/// The connection of `generation` is gone: fail every request sent on it.
-fn connection_lost(shared: &Arc<Shared>, generation: u64) {
+/// The connection of `generation` is gone. Requests the daemon said it never started
+/// (refused as stopping, or everything unanswered when it closed `settled`) go to the
+/// next daemon; the others fail, since they may have been applied.
+fn connection_lost(shared: &Arc<Shared>, generation: u64, settled: bool) {
     let mut link = lock(&shared.link);
     if link.generation == generation {
         link.writer = None;
     }
-    let lost: Vec<String> = {
+    let (mut again, lost): (Vec<Unanswered>, Vec<Unanswered>) = {
         let mut inflight = lock(&shared.inflight);
-        let lost: Vec<String> = inflight
+        let ids: Vec<String> = inflight
             .iter()
-            .filter(|(_, g)| **g == generation)
+            .filter(|(_, p)| p.generation == generation)
             .map(|(id, _)| id.clone())
             .collect();
-        for id in &lost {
-            inflight.remove(id);
-        }
-        lost
+        ids.into_iter()
+            .filter_map(|id| inflight.remove(&id).map(|p| (id, p)))
+            .partition(|(_, p)| (settled || p.refused) && p.resends < MAX_RESENDS)
     };
+    again.sort_by_key(|(_, p)| p.seq);
+    let mut failed: Vec<(String, String)> = lost
+        .into_iter()
+        .map(|(id, _)| {
+            (
+                id,
+                "the alexandria daemon stopped before answering this request; the shim will reconnect on the next request (a write may or may not have been applied: check with read or history before retrying)".to_string(),
+            )
+        })
+        .collect();
+    if !again.is_empty() {
+        match connect_if_down(shared, &mut link) {
+            Ok(()) => {
+                let mut inflight = lock(&shared.inflight);
+                for (id, mut pending) in again {
+                    pending.generation = link.generation;
+                    pending.refused = false;
+                    pending.resends += 1;
+                    let frame = pending.frame.clone();
+                    inflight.insert(id.clone(), pending);
+                    let written = link.writer.as_mut().map(|writer| writer.write_all(&frame));
+                    if !matches!(written, Some(Ok(()))) {
+                        // The new connection broke at once: its reader reports what
+                        // was sent on it; this one was not.
+                        inflight.remove(&id);
+                        failed.push((
+                            id,
+                            "the alexandria daemon stopped before starting this request, and the next one could not be reached; send it again".into(),
+                        ));
+                    }
+                }
+            }
+            Err(error) => {
+                for (id, _) in again {
+                    failed.push((
+                        id,
+                        format!(
+                            "the alexandria daemon stopped before starting this request, and the next one could not be reached ({error:#}); send it again"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
     drop(link);
-    for id in lost {
-        write_stdout(&error_frame(
-            &id,
-            "the alexandria daemon stopped before answering this request; the shim will reconnect on the next request (a write may or may not have been applied: check with read or history before retrying)",
-        ));
+    for (id, message) in failed {
+        write_stdout(&error_frame(&id, &message));
     }
 }
 

@@ -44,7 +44,21 @@ pub async fn handle(
         }
     };
     // Counted until the last reply is written: a stop waits for an ingest to finish.
-    let _inflight = context.inflight.begin();
+    // Once the daemon is stopping nothing new starts (a second stop just answers).
+    let _inflight = match context.inflight.try_begin() {
+        Some(guard) => Some(guard),
+        None if matches!(request, ControlRequest::Stop) => None,
+        None => {
+            let reply = ControlReply::Failed {
+                code: ErrorCode::DaemonStopping.as_str().into(),
+                message: "the alexandria daemon is stopping and did not start this request".into(),
+                hint: "run the command again: it waits for the daemon to exit and starts a new one"
+                    .into(),
+            };
+            writer.write_all(&alexandria_proto::to_line(&reply)).await?;
+            return Ok(());
+        }
+    };
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<ControlReply>();
     let stop = matches!(request, ControlRequest::Stop);
     if stop {

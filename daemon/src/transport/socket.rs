@@ -269,6 +269,24 @@ async fn handle(stream: UnixStream, context: Arc<DaemonContext>) -> anyhow::Resu
     }
 }
 
+/// The answer to a request read after the daemon began to stop: not started, send it
+/// again (`daemon_stopping`; the shim does so itself, to the next daemon).
+pub fn stopping_error(id: RequestId) -> TxJsonRpcMessage<RoleServer> {
+    let code = alexandria_proto::ErrorCode::DaemonStopping.as_str();
+    let message = "the alexandria daemon is stopping (daemon stop, a signal, or an upgrade) and did not start this request";
+    let hint = "send the request again: the next daemon serves it (alexandria mcp serve reconnects by itself)";
+    JsonRpcMessage::Error(JsonRpcError::new(
+        Some(id),
+        ErrorData::new(
+            rmcp::model::ErrorCode(-32000),
+            format!("{code}: {message}"),
+            Some(
+                serde_json::json!({"code": code, "message": message, "hint": hint, "retryable": true}),
+            ),
+        ),
+    ))
+}
+
 /// The JSON-RPC error answering a frame that could not be parsed as MCP.
 pub fn frame_error(bytes: &[u8], error: &serde_json::Error) -> TxJsonRpcMessage<RoleServer> {
     let error_data = if error.is_syntax() || error.is_eof() {
@@ -323,8 +341,28 @@ async fn serve_mcp(
     let pending: Arc<Mutex<HashMap<RequestId, InflightGuard>>> = Arc::default();
 
     let answered = Arc::clone(&pending);
+    let mut settled = context.inflight.settled();
+    let writer_open = context.inflight.writer();
     let writer_task = tokio::spawn(async move {
-        while let Some(message) = outgoing.next().await {
+        let _writer_open = writer_open;
+        loop {
+            let message = tokio::select! {
+                biased;
+                message = outgoing.next() => match message {
+                    Some(message) => message,
+                    None => break,
+                },
+                // Stopping, and every request admitted on this connection is answered:
+                // say so, so the shim sends what it still waits for to the next daemon.
+                () = async { let _ = settled.wait_for(|settled| *settled).await; } => {
+                    let closing = serde_json::json!({
+                        "jsonrpc": "2.0",
+                        "method": alexandria_proto::CLOSING_NOTIFICATION,
+                    });
+                    let _ = write_line(&mut writer, &alexandria_proto::to_line(&closing)).await;
+                    break;
+                }
+            };
             let mut bytes = match serde_json::to_vec(&message) {
                 Ok(bytes) => bytes,
                 Err(error) => {
@@ -351,20 +389,16 @@ async fn serve_mcp(
 
     let mut errors = to_client.clone();
     let inflight = Arc::clone(&context.inflight);
-    let mut shutdown = context.shutdown_signal();
     let reader_task = tokio::spawn(async move {
         let mut buffer = Vec::with_capacity(4096);
         let mut tail = Vec::new();
         loop {
-            let frame = tokio::select! {
-                frame = read_frame_keeping_ends(&mut reader, &mut buffer, &mut tail, MAX_FRAME_BYTES) => frame,
-                // Stopping: read nothing more, but keep rmcp's input open (it quits
-                // when its input ends) so the calls in flight are still answered.
-                () = async { let _ = shutdown.wait_for(|stopping| *stopping).await; } => {
-                    std::future::pending::<()>().await;
-                    break;
-                }
-            };
+            // Frames are read until the connection closes, also while the daemon
+            // stops: a request read then is answered `daemon_stopping` (not started),
+            // so the shim knows it may send it again, instead of waiting for an answer
+            // that never comes.
+            let frame =
+                read_frame_keeping_ends(&mut reader, &mut buffer, &mut tail, MAX_FRAME_BYTES).await;
             match frame {
                 Ok(Frame::Eof) | Err(_) => break,
                 Ok(Frame::TooLarge) => {
@@ -380,7 +414,16 @@ async fn serve_mcp(
                     match serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(&buffer) {
                         Ok(message) => {
                             if let JsonRpcMessage::Request(request) = &message {
-                                lock(&pending).insert(request.id.clone(), inflight.begin());
+                                // Admitted (counted until answered) or refused, in one
+                                // step: shutdown's drain never misses a call.
+                                let Some(guard) = inflight.try_begin() else {
+                                    let refusal = stopping_error(request.id.clone());
+                                    if errors.send(refusal).await.is_err() {
+                                        break;
+                                    }
+                                    continue;
+                                };
+                                lock(&pending).insert(request.id.clone(), guard);
                             }
                             if to_server.send(message).await.is_err() {
                                 break;
@@ -395,6 +438,11 @@ async fn serve_mcp(
                     }
                 }
             }
+        }
+        // The client is gone. While stopping, keep rmcp's input open (it quits when
+        // its input ends) so the calls it runs finish; they are counted until then.
+        if inflight.is_closed() {
+            std::future::pending::<()>().await;
         }
     });
 
