@@ -134,6 +134,11 @@ enum McpCommand {
         /// and not empty, else open mode)
         #[arg(long)]
         workspace: Option<String>,
+        /// Set the home up on first use when it does not exist yet (or is an empty
+        /// folder), instead of answering home_not_found. For launchers whose users have
+        /// no terminal, like the Claude Desktop bundle, which passes the home explicitly.
+        #[arg(long)]
+        init_if_missing: bool,
     },
     /// Show the daemon and its live MCP sessions
     Status {
@@ -195,7 +200,10 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Demo { .. } | Command::Completions { .. } | Command::Man { .. } => {
             unreachable!("handled above")
         }
-        Command::Mcp(McpCommand::Serve { workspace }) => {
+        Command::Mcp(McpCommand::Serve {
+            workspace,
+            init_if_missing,
+        }) => {
             let binding = match workspace.or_else(pinned_by_env) {
                 Some(slug) => {
                     alexandria_proto::paths::validate_slug(&slug)?;
@@ -203,7 +211,9 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
                 None => alexandria_proto::Binding::Open,
             };
-            if let Some(problem) = nohome::check(&connector.home, args.home.is_some()) {
+            if let Some(problem) = nohome::check(&connector.home, args.home.is_some())
+                && !(init_if_missing && nohome::init_on_first_use(&connector))
+            {
                 nohome::serve(&problem)?;
                 return Ok(ExitCode::SUCCESS);
             }

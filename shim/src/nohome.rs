@@ -82,6 +82,33 @@ pub fn check(home: &Home, from_flag: bool) -> Option<Problem> {
     })
 }
 
+/// `mcp serve --init-if-missing`: set the home up when it does not exist or is an
+/// empty folder (never over a folder holding something else). Reports on stderr only;
+/// false when it cannot, and the caller answers home_not_found as usual.
+pub fn init_on_first_use(connector: &crate::connect::Connector) -> bool {
+    let root = connector.home.root();
+    let empty = match std::fs::read_dir(root) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(error) => error.kind() == io::ErrorKind::NotFound,
+    };
+    if !empty {
+        return false;
+    }
+    match crate::cli::request(connector, &alexandria_proto::ControlRequest::Init) {
+        Ok((text, _)) => {
+            eprintln!("alexandria: first use, set up {}: {text}", root.display());
+            true
+        }
+        Err(error) => {
+            eprintln!(
+                "alexandria: could not set up {} on first use: {error:#}",
+                root.display()
+            );
+            false
+        }
+    }
+}
+
 /// `alexandria init`, naming the home when it is not the default.
 fn init_command(home: &Home) -> String {
     match crate::install::clients::Env::from_process() {

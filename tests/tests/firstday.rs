@@ -875,3 +875,39 @@ fn workspaces_are_renamed_archived_restored_and_described() {
     assert!(env.workspace_dir("field-notes").is_dir());
     assert!(env.workspace_dir("global").is_dir());
 }
+
+/// `mcp serve --init-if-missing` (what the Claude Desktop bundle runs: its users have no
+/// terminal for `alexandria init`): a home that does not exist is set up on first use and
+/// the first tool call works; a folder that holds something else is never taken over.
+#[test]
+fn a_bundle_entry_sets_the_home_up_on_first_use() {
+    let env = Env::new();
+    assert!(!env.home.exists());
+    let mut command = env.bare_shim_command(Some("global"));
+    command.arg("--init-if-missing");
+    let mut shim = RawShim::spawn(command);
+    let reply = guide_text(&mut shim);
+    assert_ne!(reply["result"]["isError"], true, "{reply}");
+    assert!(env.home.join("config.toml").is_file());
+    let written = shim.request(
+        8,
+        "tools/call",
+        json!({"name": "write", "arguments": {"command": "create", "path": "wiki/first.md", "content": "# First\n"}}),
+    );
+    assert_ne!(written["result"]["isError"], true, "{written}");
+    drop(shim);
+
+    // A non-empty folder without config.toml is not ours: home_not_found as before.
+    let other = Env::new();
+    fs::create_dir_all(&other.home).expect("home dir");
+    fs::write(other.home.join("unrelated.txt"), "mine").expect("write");
+    let mut command = other.bare_shim_command(None);
+    command.arg("--init-if-missing");
+    let mut shim = RawShim::spawn(command);
+    let reply = guide_text(&mut shim);
+    assert_eq!(
+        reply["result"]["structuredContent"]["error"]["code"], "home_not_found",
+        "{reply}"
+    );
+    assert!(!other.home.join("config.toml").exists());
+}
