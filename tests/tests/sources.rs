@@ -996,3 +996,44 @@ fn git_source_follows_a_clone_url() {
     );
     assert_eq!(items(&env, "lab", Some("captured")).len(), 2);
 }
+
+/// `alexandria source sync` of one source that captures many items shows each item on
+/// stderr (a bar on a terminal, plain lines otherwise), never on stdout.
+#[test]
+fn syncing_a_source_shows_its_items_being_captured() {
+    let server = Server::start().expect("server");
+    server.route("/feed.xml", Route::status(404, &[]));
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    env.ok(&[
+        "source",
+        "add",
+        "lab",
+        "feed",
+        &server.url("/feed.xml"),
+        "--name",
+        "news",
+        "--auto",
+        "--every",
+        "1d",
+    ]);
+    // The first sync runs by itself at once; let it fail (and back off), so that the
+    // sync below is the one that captures.
+    assert!(wait_until(Duration::from_secs(15), || source_info(
+        &env, "lab", "news"
+    )["last_error"]
+        .is_string()));
+    serve_feed(&server, 30, "v1");
+    let output = env.run(&["source", "sync", "lab", "news"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("[30/30]"), "progress on stderr: {stderr}");
+    assert!(stderr.contains("Entry number"), "names the items: {stderr}");
+    assert!(
+        !stdout.contains("[30/30]"),
+        "stdout has the answer only: {stdout}"
+    );
+    assert!(stdout.contains("captured 30"), "{stdout}");
+}

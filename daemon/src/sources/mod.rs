@@ -832,6 +832,15 @@ pub struct SyncReport {
 /// Sync one source now: fetch, record, capture when `auto`, update its sync state.
 /// The caller holds the source's lock.
 pub fn sync_locked(store: &Store, source: &Source) -> SyncReport {
+    sync_locked_with(store, source, &|_, _, _| {})
+}
+
+/// Reports progress while it captures: done, total, and the item just handled.
+pub type Progress<'a> = &'a dyn Fn(u64, u64, &str);
+
+/// `sync_locked`, reporting each captured item (a sync that captures many pages takes
+/// seconds: `alexandria source sync` shows it).
+pub fn sync_locked_with(store: &Store, source: &Source, progress: Progress<'_>) -> SyncReport {
     let mut report = SyncReport {
         workspace: source.workspace.clone(),
         name: source.name.clone(),
@@ -917,7 +926,14 @@ pub fn sync_locked(store: &Store, source: &Source) -> SyncReport {
     }
     drop(connection);
     if source.auto {
-        match capture_items(store, &source.workspace, Some(source.id), &[], true) {
+        match capture_items_with(
+            store,
+            &source.workspace,
+            Some(source.id),
+            &[],
+            true,
+            progress,
+        ) {
             Ok(outcome) => {
                 report.captured = outcome.captured.iter().map(|c| c.1.clone()).collect();
                 report.failed_items = outcome.failed.len();
@@ -946,6 +962,16 @@ pub fn backoff(errors: i64, retry_after: Option<Duration>) -> Duration {
 
 /// Sync one source by name now (waits while a background sync of it runs).
 pub fn sync_now(store: &Store, workspace: &str, name: &str) -> ToolResult<SyncReport> {
+    sync_now_with(store, workspace, name, &|_, _, _| {})
+}
+
+/// `sync_now`, reporting each captured item.
+pub fn sync_now_with(
+    store: &Store,
+    workspace: &str,
+    name: &str,
+    progress: Progress<'_>,
+) -> ToolResult<SyncReport> {
     let source = {
         let connection = store.pool.get()?;
         find(&connection, workspace, name)?
@@ -958,7 +984,7 @@ pub fn sync_now(store: &Store, workspace: &str, name: &str) -> ToolResult<SyncRe
         return Err(source_not_found(workspace, name));
     };
     drop(connection);
-    Ok(sync_locked(store, &source))
+    Ok(sync_locked_with(store, &source, progress))
 }
 
 // ---------------------------------------------------------------------------------
@@ -980,6 +1006,25 @@ pub fn capture_items(
     source_id: Option<i64>,
     ids: &[i64],
     retry_failed: bool,
+) -> ToolResult<CaptureOutcome> {
+    capture_items_with(
+        store,
+        workspace,
+        source_id,
+        ids,
+        retry_failed,
+        &|_, _, _| {},
+    )
+}
+
+/// `capture_items`, reporting each item as it is fetched or read.
+pub fn capture_items_with(
+    store: &Store,
+    workspace: &str,
+    source_id: Option<i64>,
+    ids: &[i64],
+    retry_failed: bool,
+    progress: Progress<'_>,
 ) -> ToolResult<CaptureOutcome> {
     let connection = store.pool.get()?;
     let mut chosen: Vec<Item> = Vec::new();
@@ -1033,7 +1078,9 @@ pub fn capture_items(
     let mut files = Vec::new();
     let mut names = Vec::new();
     // Materialize each item (disk, network) before taking any lock.
-    for item in &chosen {
+    let total = chosen.len() as u64;
+    for (done, item) in chosen.iter().enumerate() {
+        progress(done as u64, total, &item.title);
         let Some(source) = sources.get(&item.source_id) else {
             continue;
         };
@@ -1078,6 +1125,7 @@ pub fn capture_items(
             }
         }
     }
+    progress(total, total, "committing");
     if files.is_empty() {
         return Ok(outcome);
     }

@@ -586,8 +586,9 @@ sources:    {}",
                     ));
                 }
             };
-            let outcome =
-                crate::sources::capture_items(store, &workspace, source_id, &items, true)?;
+            let outcome = crate::sources::capture_items_with(
+                store, &workspace, source_id, &items, true, progress,
+            )?;
             let mut text = format!("captured {} item(s)", outcome.captured.len());
             for (id, path) in &outcome.captured {
                 text.push_str(&format!(
@@ -764,7 +765,12 @@ fn source_sync(
     let mut failed = 0;
     for (i, name) in names.iter().enumerate() {
         progress(i as u64, total, name);
-        let report = crate::sources::sync_now(store, workspace, name)?;
+        // One source: show its items being captured; several: one step per source.
+        let report = if total == 1 {
+            crate::sources::sync_now_with(store, workspace, name, progress)?
+        } else {
+            crate::sources::sync_now(store, workspace, name)?
+        };
         match &report.error {
             Some(error) => {
                 failed += 1;
