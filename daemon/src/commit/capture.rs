@@ -155,10 +155,7 @@ pub fn capture(
     manifest.state = RunState::Prepared;
     save(&dir, &manifest)?;
     crash_point("capture_prepared");
-    let result = complete(store, &manifest);
-    if result.is_err() {
-        roll_back(store, &manifest);
-    }
+    let result = complete_or_roll_back(store, &manifest);
     drop(cleanup);
     drop(lock);
     let captured = result?;
@@ -199,8 +196,24 @@ fn free_path(
     unreachable!("some name is free")
 }
 
+/// Complete a prepared capture, or roll it back, under the workspace's `index_lock`
+/// (the rescanner must not index files of a capture that is being undone).
+fn complete_or_roll_back(store: &Store, manifest: &CaptureManifest) -> ToolResult<Vec<Captured>> {
+    let state = store.state(&manifest.workspace);
+    let index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let result = complete(store, manifest, &index);
+    if result.is_err() {
+        roll_back(store, manifest);
+    }
+    result
+}
+
 /// Carry a prepared capture to the end; every step checks whether it already happened.
-fn complete(store: &Store, manifest: &CaptureManifest) -> ToolResult<Vec<Captured>> {
+fn complete(
+    store: &Store,
+    manifest: &CaptureManifest,
+    _index: &std::sync::MutexGuard<'_, ()>,
+) -> ToolResult<Vec<Captured>> {
     let workspace = &manifest.workspace;
     let root = store.workspace_dir(workspace);
     let dir = run_dir(store, workspace, &manifest.run_id);
@@ -213,7 +226,6 @@ fn complete(store: &Store, manifest: &CaptureManifest) -> ToolResult<Vec<Capture
             path: f.path.clone(),
         })
         .collect();
-    let index_guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
     {
         let connection = store.pool.get()?;
         let recorded: Option<String> = connection
@@ -322,7 +334,6 @@ fn complete(store: &Store, manifest: &CaptureManifest) -> ToolResult<Vec<Capture
         ],
     )?;
     transaction.commit()?;
-    drop(index_guard);
     let _ = fs::remove_dir_all(&dir);
     Ok(captured)
 }
@@ -379,14 +390,13 @@ pub fn recover(store: &Store, dir: &Path, manifest: CaptureManifest, report: &mu
         report.push(format!("{workspace}: dropped {}", dir.display()));
         return;
     }
-    match complete(store, &manifest) {
+    match complete_or_roll_back(store, &manifest) {
         Ok(_) => {
             tracing::warn!(workspace, run = %manifest.run_id, "completed an interrupted capture");
             report.push(format!("{workspace}: completed {}", manifest.run_id));
         }
         Err(error) => {
             tracing::error!(workspace, run = %manifest.run_id, %error, "could not complete an interrupted capture; rolled back");
-            roll_back(store, &manifest);
             report.push(format!("{workspace}: rolled back {}", manifest.run_id));
         }
     }

@@ -32,6 +32,7 @@ use std::cell::Cell;
 use std::fs::{self, File};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::MutexGuard;
 use std::time::Duration;
 
 use alexandria_proto::ErrorCode;
@@ -259,13 +260,19 @@ struct OutsideVersion {
 /// Every step checks whether it already happened, so recovery can call this again.
 /// `changed` is set once the page or the repository was touched (from then on a
 /// failure is rolled back).
-fn complete(store: &Store, manifest: &Manifest, changed: &Cell<bool>) -> ToolResult<Completed> {
+/// Runs under the workspace's `index_lock` (`_index`), which the caller keeps through
+/// a roll-back, so the rescanner never sees the page of a run that is being undone.
+fn complete(
+    store: &Store,
+    manifest: &Manifest,
+    changed: &Cell<bool>,
+    _index: &MutexGuard<'_, ()>,
+) -> ToolResult<Completed> {
     let workspace = &manifest.workspace;
     let root = store.workspace_dir(workspace);
     let dir = run_dir(store, workspace, &manifest.run_id);
     let target = root.join(&manifest.path);
     let state = store.state(workspace);
-    let index_guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
 
     // 0. Already recorded? Then only the run directory is left to remove.
     {
@@ -374,7 +381,6 @@ fn complete(store: &Store, manifest: &Manifest, changed: &Cell<bool>) -> ToolRes
         }
     }
     transaction.commit()?;
-    drop(index_guard);
     crash_point("after_index");
     let _ = fs::remove_dir_all(&dir);
     store.changed(workspace, &manifest.path);
@@ -848,9 +854,15 @@ pub(crate) fn flush_to_disk(store: &Store, workspace: &str) -> ToolResult<()> {
 /// whatever part of it happened so that nothing is half-applied. A run refused before
 /// it changed anything (git's index locked by someone else, a merge in progress) or
 /// answered `stale_plan` (the page was put back) has nothing to undo.
+///
+/// Both happen under the workspace's `index_lock`: a failed run's page is on disk (and
+/// its commit in HEAD) until the roll-back undoes it, and the rescanner, which takes
+/// only that lock, must not index it or log it as an outside edit meanwhile.
 pub(crate) fn complete_or_roll_back(store: &Store, manifest: &Manifest) -> ToolResult<Completed> {
     let changed = Cell::new(false);
-    match complete(store, manifest, &changed) {
+    let state = store.state(&manifest.workspace);
+    let index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    match complete(store, manifest, &changed, &index) {
         Ok(completed) => Ok(completed),
         Err(error) if !changed.get() || error.code == ErrorCode::StalePlan => {
             let _ = fs::remove_dir_all(run_dir(store, &manifest.workspace, &manifest.run_id));
