@@ -48,6 +48,15 @@ default_branch = "main"
 # Tool-call logs (logs/mcp-<date>.jsonl) older than this are deleted.
 retention_days = 7
 
+[sync]
+# Workspaces with a git remote (`alexandria workspace remote`) sync on their own: at
+# start, a few seconds after writes stop, and at this interval (seconds).
+interval_secs = 300
+# Quiet time after the last write before a sync starts.
+quiet_secs = 5
+# A fetch, push or clone that takes longer is killed and the sync fails (retried).
+timeout_secs = 120
+
 [sources]
 # Every request a source makes (feeds, pages, articles) gives up after this long.
 timeout_secs = 30
@@ -64,6 +73,26 @@ pub struct Config {
     pub logs: LogsConfig,
     pub remote: RemoteConfig,
     pub sources: SourcesConfig,
+    pub sync: SyncConfig,
+}
+
+/// `[sync]`: background sync of workspaces with a git remote.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SyncConfig {
+    pub interval_secs: f64,
+    pub quiet_secs: f64,
+    pub timeout_secs: f64,
+}
+
+impl Default for SyncConfig {
+    fn default() -> SyncConfig {
+        SyncConfig {
+            interval_secs: 300.0,
+            quiet_secs: 5.0,
+            timeout_secs: 120.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

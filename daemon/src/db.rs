@@ -231,6 +231,20 @@ ALTER TABLE runs_by_workspace RENAME TO runs;
 CREATE UNIQUE INDEX wiki_log_commit ON wiki_log_entries(workspace, commit_id, path)
     WHERE commit_id IS NOT NULL;
 "#,
+    // 7: sync through a git remote (issue 12). A cache: the remote itself lives in the
+    // repository's git config (`remote.origin.url`, `alexandria.syncbranch`).
+    r#"
+CREATE TABLE sync_state (
+    workspace TEXT PRIMARY KEY,
+    remote_url TEXT,
+    branch TEXT,
+    last_attempt_at INTEGER,
+    last_sync_at INTEGER,
+    last_error TEXT,
+    failures INTEGER NOT NULL DEFAULT 0,
+    synced_head TEXT
+);
+"#,
 ];
 
 /// What opening `state.db` found and did, for the log and `daemon status`.

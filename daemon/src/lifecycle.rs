@@ -151,6 +151,8 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     // Before the socket serves anything: sources a rebuilt state.db lost come back.
     crate::sources::ledger::restore_all(&context.store);
     crate::sources::scheduler::spawn(Arc::clone(&context.store));
+    // Workspaces with a git remote sync on their own thread (network never under a lock).
+    crate::sync::spawn(Arc::clone(&context.store));
     let signals = tokio::spawn(wait_for_signal(Arc::clone(&context)));
     let http_server = http_listener.map(|listener| {
         let context = Arc::clone(&context);
@@ -223,7 +225,12 @@ async fn start(options: &DaemonOptions) -> Result<Started> {
     // Finish or drop writes interrupted by a crash before anything is served.
     let recovered = tokio::task::spawn_blocking({
         let store = Arc::clone(&store);
-        move || crate::commit::recover(&store)
+        move || {
+            let mut lines = crate::commit::recover(&store);
+            // Then merges a sync was putting in place.
+            lines.extend(crate::sync::recover(&store));
+            lines
+        }
     })
     .await
     .context("recovery panicked")?;

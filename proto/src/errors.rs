@@ -25,11 +25,12 @@ pub enum ErrorCode {
     /// The daemon is stopping (`daemon stop`, a signal, an upgrade) and did not start
     /// this request: send it again (the shim does, to the next daemon).
     DaemonStopping,
+    SyncFailed,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::WorkspaceRequired,
         ErrorCode::WorkspaceNotFound,
         ErrorCode::WorkspaceNotAccessible,
@@ -48,6 +49,7 @@ impl ErrorCode {
         ErrorCode::InvalidArgument,
         ErrorCode::InvalidQuery,
         ErrorCode::DaemonStopping,
+        ErrorCode::SyncFailed,
         ErrorCode::Internal,
     ];
 
@@ -71,6 +73,7 @@ impl ErrorCode {
             ErrorCode::InvalidArgument => "invalid_argument",
             ErrorCode::InvalidQuery => "invalid_query",
             ErrorCode::DaemonStopping => "daemon_stopping",
+            ErrorCode::SyncFailed => "sync_failed",
             ErrorCode::Internal => "internal",
         }
     }

@@ -216,6 +216,31 @@ pub enum ControlRequest {
     WorkspaceInfo {
         slug: String,
     },
+    /// Set (`url: Some`) or remove the git remote a workspace syncs with.
+    WorkspaceRemote {
+        slug: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        url: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        branch: Option<String>,
+    },
+    /// A workspace from a git remote (the second machine): clone, register, index.
+    WorkspaceClone {
+        url: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        slug: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        branch: Option<String>,
+    },
+    /// Remote, last sync, ahead/behind, open conflicts, last error.
+    WorkspaceStatus {
+        slug: String,
+    },
+    /// Sync one workspace with its remote now, or every workspace that has one.
+    Sync {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workspace: Option<String>,
+    },
     /// Copy files into `raw/` of a workspace and index them. Paths are absolute; a
     /// directory is copied recursively to `raw/<its name>/` (hidden entries skipped).
     Ingest {

@@ -87,6 +87,17 @@ enum Command {
         #[arg(long)]
         no_open: bool,
     },
+    /// Sync a workspace with its git remote now (fetch, merge, push); exit 1 with the reason
+    Sync {
+        /// The workspace (or --all)
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        workspace: Option<String>,
+        /// Every workspace that has a remote
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Remote access for Claude.ai, ChatGPT and other cloud clients (OAuth, through a tunnel)
     #[command(subcommand)]
     Remote(remote::RemoteCommand),
@@ -120,6 +131,34 @@ enum WorkspaceCommand {
     Restore { name: String },
     /// Paths, counts, size on disk, last write, remote and sources of a workspace
     Info {
+        slug: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the git remote a workspace syncs with (or remove it with --unset)
+    Remote {
+        slug: String,
+        /// The remote: https://…, git@host:owner/repo.git, ssh://…, file:///path
+        #[arg(required_unless_present = "unset", conflicts_with = "unset")]
+        url: Option<String>,
+        /// The remote branch (default: the workspace's branch)
+        #[arg(long)]
+        branch: Option<String>,
+        /// Stop syncing: forget the remote (nothing is deleted)
+        #[arg(long)]
+        unset: bool,
+    },
+    /// A workspace from a git remote (the second machine): clone, register, index
+    Clone {
+        url: String,
+        /// The workspace's slug (default: from the URL)
+        slug: Option<String>,
+        /// The remote branch (default: the remote's default branch)
+        #[arg(long)]
+        branch: Option<String>,
+    },
+    /// Sync state of a workspace: remote, last sync, ahead/behind, open conflicts, last error
+    Status {
         slug: String,
         #[arg(long)]
         json: bool,
@@ -242,6 +281,23 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Workspace(WorkspaceCommand::Info { slug, json }) => {
             workspaces::info(&connector, &slug, json)
         }
+        Command::Workspace(WorkspaceCommand::Remote {
+            slug,
+            url,
+            branch,
+            unset: _,
+        }) => workspaces::remote(&connector, &slug, url, branch),
+        Command::Workspace(WorkspaceCommand::Clone { url, slug, branch }) => {
+            workspaces::clone(&connector, url, slug, branch)
+        }
+        Command::Workspace(WorkspaceCommand::Status { slug, json }) => {
+            workspaces::status(&connector, &slug, json)
+        }
+        Command::Sync {
+            workspace,
+            all: _,
+            json,
+        } => workspaces::sync(&connector, workspace, json),
         Command::Remote(command) => remote::run(&connector, command),
         Command::Ingest { workspace, files } => cli::ingest(&connector, &workspace, &files),
         Command::Source(command) => source::source(&connector, command),

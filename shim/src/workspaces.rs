@@ -1,5 +1,6 @@
-//! `alexandria workspace rename|archive|restore|info`: the workspace life cycle. Each is one
-//! control request; `rename` then lists the client entries that still pin the old name.
+//! `alexandria workspace rename|archive|restore|info|remote|clone|status` and `alexandria
+//! sync`: the workspace life cycle and its git remote. Each is one control request;
+//! `rename` then lists the client entries that still pin the old name.
 #![allow(clippy::print_stdout)]
 
 use std::process::ExitCode;
@@ -72,5 +73,73 @@ pub fn info(connector: &Connector, slug: &str, json: bool) -> Result<ExitCode> {
     } else {
         println!("{text}");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print(text: &str, data: &serde_json::Value, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(data).unwrap_or_else(|_| data.to_string())
+        );
+    } else {
+        println!("{text}");
+    }
+}
+
+pub fn remote(
+    connector: &Connector,
+    slug: &str,
+    url: Option<String>,
+    branch: Option<String>,
+) -> Result<ExitCode> {
+    validate_slug(slug)?;
+    let (text, _) = request(
+        connector,
+        &ControlRequest::WorkspaceRemote {
+            slug: slug.to_string(),
+            url,
+            branch,
+        },
+    )?;
+    println!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn clone(
+    connector: &Connector,
+    url: String,
+    slug: Option<String>,
+    branch: Option<String>,
+) -> Result<ExitCode> {
+    if let Some(slug) = &slug {
+        validate_slug(slug)?;
+    }
+    let (text, _) = request(
+        connector,
+        &ControlRequest::WorkspaceClone { url, slug, branch },
+    )?;
+    println!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn status(connector: &Connector, slug: &str, json: bool) -> Result<ExitCode> {
+    validate_slug(slug)?;
+    let (text, data) = request(
+        connector,
+        &ControlRequest::WorkspaceStatus {
+            slug: slug.to_string(),
+        },
+    )?;
+    print(&text, &data, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn sync(connector: &Connector, workspace: Option<String>, json: bool) -> Result<ExitCode> {
+    if let Some(slug) = &workspace {
+        validate_slug(slug)?;
+    }
+    let (text, data) = request(connector, &ControlRequest::Sync { workspace })?;
+    print(&text, &data, json);
     Ok(ExitCode::SUCCESS)
 }

@@ -26,7 +26,7 @@ pub struct Imported {
 }
 
 /// One history entry read from a commit.
-struct Entry {
+pub(crate) struct Entry {
     ts: i64,
     commit: String,
     op: String,
@@ -170,54 +170,8 @@ pub fn import(store: &Store, slug: &str) -> ToolResult<Imported> {
     if known > 0 {
         return Ok(Imported::default());
     }
-    let mut imported = Imported {
-        commits,
-        ..Imported::default()
-    };
-    {
-        let mut insert_run = transaction.prepare_cached(
-            "INSERT OR IGNORE INTO runs(workspace, run_id, tool, client, session, state, started_at, finished_at, commit_id)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'committed', ?6, ?6, ?7)",
-        )?;
-        let mut insert_entry = transaction.prepare_cached(
-            "INSERT OR IGNORE INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?;
-        for entry in &entries {
-            let (run_id, origin) = match &entry.agent {
-                Some(agent) => {
-                    insert_run.execute(params![
-                        slug,
-                        agent.run_id,
-                        agent.tool,
-                        agent.client,
-                        agent.session,
-                        entry.ts,
-                        entry.commit
-                    ])?;
-                    (Some(agent.run_id.as_str()), "agent")
-                }
-                None => (None, "outside"),
-            };
-            let added = insert_entry.execute(params![
-                entry.ts,
-                slug,
-                run_id,
-                entry.op,
-                entry.path,
-                entry.summary,
-                origin,
-                entry.commit
-            ])?;
-            if added > 0 {
-                if entry.agent.is_some() {
-                    imported.agent_entries += 1;
-                } else {
-                    imported.outside_entries += 1;
-                }
-            }
-        }
-    }
+    let mut imported = record(&transaction, slug, &entries)?;
+    imported.commits = commits;
     transaction.execute(
         "INSERT OR IGNORE INTO workspaces(slug, created_at) VALUES (?1, ?2)",
         params![slug, now_ms()],
@@ -226,17 +180,85 @@ pub fn import(store: &Store, slug: &str) -> ToolResult<Imported> {
     Ok(imported)
 }
 
+/// Record history entries read from commits (runs of agent commits, one entry per
+/// commit and path); entries already recorded are skipped. Used by the import and by
+/// sync (the commits a merge brought in).
+pub(crate) fn record(
+    transaction: &rusqlite::Transaction<'_>,
+    slug: &str,
+    entries: &[Entry],
+) -> ToolResult<Imported> {
+    let mut imported = Imported::default();
+    let mut insert_run = transaction.prepare_cached(
+        "INSERT OR IGNORE INTO runs(workspace, run_id, tool, client, session, state, started_at, finished_at, commit_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'committed', ?6, ?6, ?7)",
+    )?;
+    let mut insert_entry = transaction.prepare_cached(
+        "INSERT OR IGNORE INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for entry in entries {
+        let (run_id, origin) = match &entry.agent {
+            Some(agent) => {
+                insert_run.execute(params![
+                    slug,
+                    agent.run_id,
+                    agent.tool,
+                    agent.client,
+                    agent.session,
+                    entry.ts,
+                    entry.commit
+                ])?;
+                (Some(agent.run_id.as_str()), "agent")
+            }
+            None => (None, "outside"),
+        };
+        let added = insert_entry.execute(params![
+            entry.ts,
+            slug,
+            run_id,
+            entry.op,
+            entry.path,
+            entry.summary,
+            origin,
+            entry.commit
+        ])?;
+        if added > 0 {
+            if entry.agent.is_some() {
+                imported.agent_entries += 1;
+            } else {
+                imported.outside_entries += 1;
+            }
+        }
+    }
+    Ok(imported)
+}
+
 /// Every history entry of the commits reachable from HEAD, oldest first, and the
 /// number of commits read. An unborn HEAD (an empty repository) has none.
 fn read_history(root: &Path) -> Result<(Vec<Entry>, usize), git2::Error> {
     let repo = git2::Repository::open(root)?;
-    let mut walk = repo.revwalk()?;
-    match walk.push_head() {
-        Ok(()) => {}
+    let head = match repo.head() {
+        Ok(head) => head.peel_to_commit()?.id(),
         Err(error) if error.code() == git2::ErrorCode::UnbornBranch => {
             return Ok((Vec::new(), 0));
         }
         Err(error) => return Err(error),
+    };
+    read_commits(&repo, head, None)
+}
+
+/// Every history entry of the commits reachable from `tip` but not from `hide`,
+/// oldest first, and the number of commits read.
+pub(crate) fn read_commits(
+    repo: &git2::Repository,
+    tip: git2::Oid,
+    hide: Option<git2::Oid>,
+) -> Result<(Vec<Entry>, usize), git2::Error> {
+    let mut walk = repo.revwalk()?;
+    walk.push(tip)?;
+    if let Some(hide) = hide {
+        walk.hide(hide)?;
     }
     walk.set_sorting(git2::Sort::TOPOLOGICAL | git2::Sort::REVERSE)?;
     let mut entries = Vec::new();

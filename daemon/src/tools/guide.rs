@@ -109,6 +109,8 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
             );
             let git = git_status(store, &slug);
             text.push_str(&git.0);
+            let sync = sync_status(store, &connection, &slug)?;
+            text.push_str(&sync.0);
             if history.is_empty() {
                 text.push_str("Recent history: none yet.\n");
             } else {
@@ -156,6 +158,7 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
                     "uncited_sources": counts.uncited,
                     "schema_page": "wiki/SCHEMA.md",
                     "git": git.1,
+                    "sync": sync.1,
                 }),
                 images: Vec::new(),
             })
@@ -205,4 +208,58 @@ fn git_status(store: &Store, slug: &str) -> (String, Value) {
         line,
         json!({"branch": branch, "state": state.name(), "writable": writable}),
     )
+}
+
+/// The workspace's git remote, its last sync error and open sync conflicts (pages kept
+/// side by side when both machines changed the same lines), as text and JSON.
+fn sync_status(
+    store: &Store,
+    connection: &rusqlite::Connection,
+    slug: &str,
+) -> ToolResult<(String, Value)> {
+    use rusqlite::OptionalExtension;
+    let conflicts = crate::sync::open_conflicts(connection, slug)?;
+    let root = store.workspace_dir(slug);
+    let remote = store
+        .state(slug)
+        .with_repo(&root, |repo| {
+            Ok::<_, git2::Error>(crate::sync::remote_of(repo))
+        })
+        .ok()
+        .flatten();
+    let error: Option<String> = connection
+        .query_row(
+            "SELECT last_error FROM sync_state WHERE workspace = ?1",
+            params![slug],
+            |r| r.get(0),
+        )
+        .optional()?
+        .flatten();
+    let mut text = String::new();
+    if let Some(remote) = &remote {
+        let _ = writeln!(
+            text,
+            "Sync: with {} (branch {}){}.",
+            crate::sources::redact_url(&remote.url),
+            remote.branch,
+            error
+                .as_deref()
+                .map(|e| format!("; the last sync failed: {e} (writes go on; it is retried)"))
+                .unwrap_or_default()
+        );
+    }
+    if !conflicts.is_empty() {
+        text.push_str("Open sync conflicts (both machines changed the same lines; the page at the path has the other machine's version, the conflict page this one's: merge them into the page, then delete the conflict page):\n");
+        for path in &conflicts {
+            let _ = writeln!(text, "- {path}");
+        }
+    }
+    Ok((
+        text,
+        json!({
+            "remote": remote.as_ref().map(|r| crate::sources::redact_url(&r.url)),
+            "last_error": error,
+            "conflicts": conflicts,
+        }),
+    ))
 }

@@ -256,7 +256,11 @@ pub fn info(store: &Store, slug: &str) -> ToolResult<Value> {
             .collect::<Result<_, _>>()?
     };
     let remote = git2::Repository::open(&dir)
-        .and_then(|repo| Ok(repo.find_remote("origin")?.url()?.to_string()))
+        .and_then(|repo| {
+            Ok(crate::sources::redact_url(
+                repo.find_remote("origin")?.url()?,
+            ))
+        })
         .ok();
     Ok(json!({
         "workspace": slug,

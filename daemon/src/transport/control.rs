@@ -307,6 +307,69 @@ sources:    {}",
             );
             Ok(done(text, data))
         }
+        ControlRequest::WorkspaceRemote { slug, url, branch } => {
+            let data = crate::sync::set_remote(store, &slug, url.as_deref(), branch.as_deref())?;
+            let text = match (&data["remote"], &data["removed"]) {
+                (serde_json::Value::String(remote), _) => format!(
+                    "workspace '{slug}' syncs with {remote} (branch {}): at start, a few seconds after writes, and every {}s; `alexandria sync {slug}` syncs now",
+                    data["branch"].as_str().unwrap_or(""),
+                    store.config.sync.interval_secs
+                ),
+                (_, serde_json::Value::String(removed)) => {
+                    format!("workspace '{slug}' no longer syncs with {removed}")
+                }
+                _ => format!("workspace '{slug}' had no remote"),
+            };
+            Ok(done(text, data))
+        }
+        ControlRequest::WorkspaceClone { url, slug, branch } => {
+            progress(0, 1, "cloning");
+            let data = crate::sync::clone(store, &url, slug.as_deref(), branch.as_deref())?;
+            Ok(done(
+                format!(
+                    "cloned {} into workspace '{}' ({} wiki pages, {} raw files); it syncs with the remote on its own",
+                    data["remote"].as_str().unwrap_or(""),
+                    data["workspace"].as_str().unwrap_or(""),
+                    data["wiki_pages"],
+                    data["raw_sources"]
+                ),
+                data,
+            ))
+        }
+        ControlRequest::WorkspaceStatus { slug } => {
+            let data = crate::sync::status(store, &slug)?;
+            Ok(done(crate::sync::status_text(&data), data))
+        }
+        ControlRequest::Sync { workspace } => {
+            let data = match workspace {
+                Some(slug) => crate::sync::sync(store, &slug)?,
+                None => crate::sync::sync_all(store)?,
+            };
+            let describe = |d: &serde_json::Value| {
+                let conflicts = d["conflicts"].as_array().map(Vec::len).unwrap_or(0);
+                format!(
+                    "{}: synced ({} commit(s) merged in, {}{})",
+                    d["workspace"].as_str().unwrap_or(""),
+                    d["merged_commits"],
+                    if d["pushed"] == true {
+                        "pushed"
+                    } else {
+                        "nothing to push"
+                    },
+                    if conflicts > 0 {
+                        format!(", {conflicts} conflict(s) kept side by side")
+                    } else {
+                        String::new()
+                    }
+                )
+            };
+            let text = match data["synced"].as_array() {
+                Some(all) if all.is_empty() => "no workspace has a git remote".to_string(),
+                Some(all) => all.iter().map(describe).collect::<Vec<_>>().join("\n"),
+                None => describe(&data),
+            };
+            Ok(done(text, data))
+        }
         ControlRequest::Ingest { workspace, files } => ingest(store, &workspace, &files, progress),
         ControlRequest::AuthToken {
             workspace,

@@ -407,6 +407,57 @@ impl<'r> Session<'r> {
         Ok(())
     }
 
+    /// Move HEAD's branch from `from` to `target` (a merge or fast-forward made by sync,
+    /// whose files are in place already) and make the index entries of `paths` the
+    /// target's versions (with the stat data of the files written, when known).
+    pub fn advance(
+        &mut self,
+        from: Oid,
+        target: Oid,
+        paths: &[(String, Option<Metadata>)],
+    ) -> Result<(), GitError> {
+        let repo = self.repo;
+        let name = repo
+            .head()?
+            .name()
+            .map(str::to_string)
+            .map_err(|_| git2::Error::from_str("HEAD names no branch"))?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let current = repo.refname_to_id(&name)?;
+            if current == target {
+                break;
+            }
+            match repo.reference_matching(&name, target, true, from, "alexandria: sync") {
+                Ok(_) => break,
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        git2::ErrorCode::Locked | git2::ErrorCode::Modified
+                    ) && started.elapsed() < self.timeout =>
+                {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let tree = repo.find_commit(target)?.tree()?;
+        for (path, stat) in paths {
+            let entry = match tree.get_path(Path::new(path)) {
+                Ok(entry) => Entry::Blob {
+                    id: entry.id(),
+                    stat: stat.clone(),
+                },
+                Err(e) if e.code() == git2::ErrorCode::NotFound => Entry::Gone,
+                Err(e) => return Err(e.into()),
+            };
+            self.touched.insert(path.clone(), entry);
+        }
+        Ok(())
+    }
+
     /// Move HEAD's branch back to `target` (a roll-back of the daemon's own commit).
     pub fn reset_soft(&mut self, target: &git2::Commit<'_>) -> Result<(), GitError> {
         self.repo
