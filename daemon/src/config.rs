@@ -142,6 +142,17 @@ pub struct HttpConfig {
     pub token_required: bool,
     pub allowed_hosts: Vec<String>,
     pub cors_origins: Vec<String>,
+    /// Request headers must arrive within this (slowloris).
+    pub header_timeout_secs: f64,
+    /// A request body must arrive within this.
+    pub body_timeout_secs: f64,
+    /// A connection with no request in flight is closed after this.
+    pub idle_timeout_secs: f64,
+    /// Connections open at once (the oldest idle one makes room for a new one).
+    pub max_connections: usize,
+    /// Requests with a bad bearer token per minute from one source (all of loopback,
+    /// i.e. a tunnel, counts as one) before they get 429.
+    pub failed_auth_per_minute: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -164,6 +175,11 @@ impl Default for HttpConfig {
             token_required: false,
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
+            header_timeout_secs: 10.0,
+            body_timeout_secs: 30.0,
+            idle_timeout_secs: 120.0,
+            max_connections: 256,
+            failed_auth_per_minute: 30,
         }
     }
 }

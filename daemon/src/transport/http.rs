@@ -27,7 +27,6 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
-use axum::serve::ListenerExt;
 use rmcp::transport::streamable_http_server::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -41,6 +40,7 @@ use crate::config::HttpConfig;
 use crate::context::DaemonContext;
 use crate::mcp::AlexandriaServer;
 use crate::mcp::sessions::{SessionInfo, SessionListing};
+use crate::transport::http_limits::{self, FailedAuth, Limits};
 use crate::transport::http_oauth;
 
 /// An HTTP session with no traffic for this long is closed (its id then gets 404
@@ -109,8 +109,9 @@ pub async fn bind(address: SocketAddr, auth: &Auth) -> Result<TcpListener, HttpE
         .map_err(|source| HttpError::Listen { address, source })
 }
 
-/// Serve until the daemon shuts down. Open SSE streams are ended by cancelling the
-/// services' token, so shutdown never waits on them.
+/// Serve until the daemon shuts down, within the limits of `http_limits` (timeouts,
+/// connection cap). Open SSE streams are ended by cancelling the services' token, so
+/// shutdown never waits on them.
 pub async fn serve(listener: TcpListener, context: Arc<DaemonContext>, config: &HttpConfig) {
     let cancel = CancellationToken::new();
     let local = listener.local_addr().ok();
@@ -120,28 +121,15 @@ pub async fn serve(listener: TcpListener, context: Arc<DaemonContext>, config: &
         local,
         cancel.clone(),
     ));
-    let router = axum::Router::new()
-        .fallback(entry)
-        .with_state(app)
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let mut shutdown = context.shutdown_signal();
-    let stop = async move {
-        let _ = shutdown.wait_for(|stopping| *stopping).await;
-        cancel.cancel();
-    };
-    // Responses go out in several small writes (headers, SSE events): without
-    // TCP_NODELAY, Nagle and the client's delayed ACK add ~40 ms to each call.
-    let listener = listener.tap_io(|stream| {
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY");
-        }
-    });
-    if let Err(error) = axum::serve(listener, router)
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        tracing::error!(%error, "the HTTP server failed");
-    }
+    let router = axum::Router::new().fallback(entry).with_state(app);
+    http_limits::serve(
+        listener,
+        router,
+        Limits::from_config(config),
+        context.shutdown_signal(),
+        cancel,
+    )
+    .await;
 }
 
 /// Which `Host` (and `Origin` host) names are ours.
@@ -246,6 +234,8 @@ struct App {
     cancel: CancellationToken,
     open: McpService,
     pinned: Mutex<HashMap<String, McpService>>,
+    /// Bad bearer tokens per source (429 past `[http] failed_auth_per_minute`).
+    failed_auth: FailedAuth,
 }
 
 impl App {
@@ -263,6 +253,7 @@ impl App {
             cancel,
             open,
             pinned: Mutex::new(HashMap::new()),
+            failed_auth: FailedAuth::new(config.failed_auth_per_minute, Duration::from_secs(60)),
         }
     }
 
@@ -435,7 +426,30 @@ async fn entry(
     if request.method() == Method::OPTIONS {
         return preflight(&request, origin.as_deref());
     }
+    if let Some(length) = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        && length > MAX_BODY_BYTES as u64
+    {
+        return too_large();
+    }
+    // Bad bearer tokens are counted per source; past the budget one is refused before
+    // anything else looks at it. A valid token, or none, always goes on.
+    let failure_key = FailedAuth::key(peer);
+    let bearer = bearer_of(request.headers()).map(str::to_owned);
+    if let Some(token) = &bearer
+        && let Some(retry) = app.failed_auth.blocked(&failure_key)
+        && app.context.auth.verify(token).is_err()
+    {
+        tracing::warn!(%peer, "too many bad bearer tokens: 429");
+        return too_many_failures(retry);
+    }
     let mut response = route_request(&app, request, source_of(peer, remote.as_ref())).await;
+    if bearer.is_some() && response.status() == StatusCode::UNAUTHORIZED {
+        app.failed_auth.record(&failure_key);
+    }
     if let Some(origin) = origin
         && let Ok(value) = HeaderValue::from_str(&origin)
     {
@@ -446,6 +460,46 @@ async fn entry(
             HeaderValue::from_static("Mcp-Session-Id, WWW-Authenticate"),
         );
         headers.append(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
+}
+
+/// The bearer token of `Authorization`, if any.
+fn bearer_of(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let (scheme, token) = value.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+}
+
+/// 413 for a body over `MAX_BODY_BYTES`, said before any of it is read.
+fn too_large() -> Response {
+    json_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        json!({
+            "error": "too_large",
+            "message": format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+            "hint": "split the content into several smaller pages or calls",
+        }),
+    )
+}
+
+/// 429 once a source sent too many bad bearer tokens.
+fn too_many_failures(retry: Duration) -> Response {
+    let secs = retry.as_secs().max(1);
+    let mut response = json_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        json!({
+            "error": "too_many_failed_attempts",
+            "message": "too many requests with a bad token",
+            "hint": format!("wait {secs}s; then get a new token (re-authorize the client, or `alexandria daemon auth token`)"),
+        }),
+    );
+    if let Ok(value) = HeaderValue::from_str(&secs.to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
     }
     response
 }

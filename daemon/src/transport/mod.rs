@@ -6,5 +6,6 @@
 
 pub mod control;
 pub mod http;
+pub mod http_limits;
 pub mod http_oauth;
 pub mod socket;
