@@ -263,6 +263,59 @@ pub struct OpenReport {
     pub at: String,
     /// How long opening and checking took.
     pub check_ms: u64,
+    /// `PRAGMA quick_check` was skipped: the previous daemon stopped cleanly and the
+    /// file is exactly as it left it (size, mtime, no WAL), see `mark_clean`.
+    pub quick_check_skipped: bool,
+}
+
+/// `state.db.clean`: written by a daemon that stopped cleanly, read and removed at the
+/// next start.
+fn clean_stamp(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".clean");
+    path.with_file_name(name)
+}
+
+/// What the stamp records: the file's size and mtime, when its WAL is empty.
+fn signature(path: &Path) -> Option<String> {
+    let mut wal = path.as_os_str().to_os_string();
+    wal.push("-wal");
+    if std::fs::metadata(std::path::PathBuf::from(wal)).is_ok_and(|m| m.len() > 0) {
+        return None;
+    }
+    let metadata = std::fs::metadata(path).ok()?;
+    let mtime = metadata
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_nanos();
+    Some(format!("{}:{mtime}", metadata.len()))
+}
+
+/// At a clean stop: fold the WAL into the file and record its size and mtime, so the
+/// next start can skip `PRAGMA quick_check` (1.3 s for 10k pages, 78 MiB, on the
+/// benchmark machine) when nothing touched the file meanwhile. Any change to the file
+/// (a write after this, a crash with a WAL, someone overwriting or truncating it) makes
+/// the next start check it in full. Best effort: no stamp, a full check.
+pub fn mark_clean(pool: &Pool, path: &Path) {
+    let Ok(connection) = pool.get() else {
+        return;
+    };
+    let busy: rusqlite::Result<i64> =
+        connection.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get(0));
+    if busy != Ok(0) {
+        return;
+    }
+    let Some(signature) = signature(path) else {
+        return;
+    };
+    let stamp = clean_stamp(path);
+    let temp = stamp.with_extension("clean.tmp");
+    let written = std::fs::write(&temp, &signature).and_then(|()| std::fs::rename(&temp, &stamp));
+    if let Err(error) = written {
+        tracing::debug!(%error, "no clean-stop stamp for state.db");
+    }
 }
 
 /// Open `state.db` for the daemon: check an existing file (SQLite header, `PRAGMA
@@ -277,10 +330,18 @@ pub fn open_checked(path: &Path, busy_timeout: Duration) -> Result<(Pool, OpenRe
         at: iso_time(now_ms()),
         ..OpenReport::default()
     };
+    // A stamp counts once: whatever happens during this run, the next start checks in
+    // full unless this daemon, too, stops cleanly.
+    let stamp = clean_stamp(path);
+    let stamped = std::fs::read_to_string(&stamp).ok();
+    let _ = std::fs::remove_file(&stamp);
+    let trusted = stamped.is_some() && stamped == signature(path);
+    report.quick_check_skipped = trusted;
     if path.symlink_metadata().is_err() {
         report.rebuilt = true;
         report.reason = Some("there was no state.db".into());
-    } else if let Err(reason) = check(path, busy_timeout)? {
+        report.quick_check_skipped = false;
+    } else if let Err(reason) = check(path, busy_timeout, !trusted)? {
         let moved = move_aside(path).map_err(|source| DbError::MoveAside {
             path: path.display().to_string(),
             source,
@@ -321,7 +382,11 @@ fn is_damage(error: &rusqlite::Error) -> bool {
 
 /// Check an existing state.db: `Ok(Err(reason))` when it is damaged (or of a schema
 /// this build does not know) and should be moved aside. Applies pending migrations.
-fn check(path: &Path, busy_timeout: Duration) -> Result<Result<(), String>, DbError> {
+fn check(
+    path: &Path,
+    busy_timeout: Duration,
+    quick_check: bool,
+) -> Result<Result<(), String>, DbError> {
     let classify = |what: &str, error: rusqlite::Error| -> Result<Result<(), String>, DbError> {
         if is_damage(&error) {
             Ok(Err(format!("{what}: {error}")))
@@ -341,8 +406,14 @@ fn check(path: &Path, busy_timeout: Duration) -> Result<Result<(), String>, DbEr
     if let Err(error) = connection.busy_timeout(busy_timeout) {
         return classify("cannot open it", error);
     }
+    // Skipped after a clean stop: still open the header and the schema below.
+    let pragma = if quick_check {
+        "PRAGMA quick_check"
+    } else {
+        "SELECT 'ok' WHERE (SELECT count(*) FROM sqlite_master) >= 0"
+    };
     let verdict: rusqlite::Result<Vec<String>> = (|| {
-        let mut statement = connection.prepare("PRAGMA quick_check")?;
+        let mut statement = connection.prepare(pragma)?;
         let rows = statement.query_map([], |row| row.get::<_, String>(0))?;
         rows.collect()
     })();

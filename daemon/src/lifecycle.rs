@@ -204,6 +204,8 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
             server.abort();
         }
     }
+    // 4. A clean stop: the next start may skip state.db's full check.
+    crate::db::mark_clean(&context.store.pool, &home.state_db());
     Ok(())
 }
 

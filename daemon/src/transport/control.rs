@@ -122,6 +122,9 @@ fn pinned_sessions(context: &DaemonContext, slug: &str) -> Vec<serde_json::Value
 /// where a damaged one was kept.
 fn state_db_line(report: &serde_json::Value) -> String {
     if report["rebuilt"] != true {
+        if report["quick_check_skipped"] == true {
+            return "state.db: sound (the previous daemon stopped cleanly and left it untouched, so the full check was skipped)\n".into();
+        }
         return "state.db: checked at start, sound\n".into();
     }
     let reason = report["reason"].as_str().unwrap_or("unknown");
