@@ -275,6 +275,8 @@ pub enum ControlRequest {
     RemotePair,
     /// Registered OAuth clients and their live grants.
     RemoteClients,
+    /// Fetch our own public documents through the public URL and report problems.
+    RemoteDoctor,
     /// Revoke a client's grants (and forget the client), or every grant.
     RemoteRevoke {
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -34,6 +34,11 @@ pub enum RemoteCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Fetch this daemon's public documents through the public URL and say what is wrong
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
     /// Registered clients and their live grants
     Clients {
         #[arg(long)]
@@ -84,6 +89,7 @@ pub fn run(connector: &Connector, command: RemoteCommand) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         RemoteCommand::Clients { json } => (ControlRequest::RemoteClients, json),
+        RemoteCommand::Doctor { json } => (ControlRequest::RemoteDoctor, json),
         RemoteCommand::Revoke { client_id, all } => {
             if client_id.is_none() && !all {
                 bail!("name a client id or pass --all");

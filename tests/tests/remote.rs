@@ -812,3 +812,35 @@ fn a_client_metadata_document_replaces_registration() {
     assert!(revoked.status.success(), "{revoked:?}");
     assert_eq!(remote.initialize("/mcp/acme", access).status, 401);
 }
+
+#[test]
+fn remote_doctor_checks_the_public_url_from_outside() {
+    let remote = Remote::start();
+    let passed = cli(remote.home(), &["remote", "doctor", "--json"]);
+    assert!(passed.status.success(), "{passed:?}");
+    let report: Value = serde_json::from_slice(&passed.stdout).expect("json");
+    assert_eq!(report["ok"], json!(true), "{report}");
+    assert_eq!(report["checks"].as_array().map(Vec::len), Some(4), "{report}");
+
+    // A public URL nothing answers at (the tunnel is down): said, with a hint.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = format!("http://{}", free.local_addr().expect("addr"));
+    drop(free);
+    let enabled = cli(remote.home(), &["remote", "enable", "--public-url", &dead]);
+    assert!(enabled.status.success(), "{enabled:?}");
+    let failed = cli(remote.home(), &["remote", "doctor"]);
+    assert!(!failed.status.success());
+    let text = String::from_utf8_lossy(&failed.stderr);
+    assert!(text.contains("PROBLEM"), "{text}");
+    assert!(text.contains("cannot reach"), "{text}");
+    assert!(text.contains("tunnel"), "{text}");
+
+    let off = cli(remote.home(), &["remote", "disable"]);
+    assert!(off.status.success(), "{off:?}");
+    let failed = cli(remote.home(), &["remote", "doctor"]);
+    assert!(!failed.status.success());
+    assert!(
+        String::from_utf8_lossy(&failed.stderr).contains("remote access is off"),
+        "{failed:?}"
+    );
+}

@@ -449,6 +449,22 @@ sources:    {}",
             ))
         }
         ControlRequest::RemoteStatus => remote_status(context),
+        ControlRequest::RemoteDoctor => {
+            let Some(remote) = context.oauth.remote() else {
+                return Err(remote_off());
+            };
+            let (text, data, ok) =
+                crate::transport::remote_doctor::run(&remote, alexandria_proto::BUILD);
+            if ok {
+                Ok(done(text, data))
+            } else {
+                Err(ToolError::new(
+                    ErrorCode::InvalidArgument,
+                    text,
+                    "fix the problems above, then run `alexandria remote doctor` again",
+                ))
+            }
+        }
         ControlRequest::RemotePair => {
             let Some(remote) = context.oauth.remote() else {
                 return Err(remote_off());

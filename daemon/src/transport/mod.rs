@@ -8,4 +8,5 @@ pub mod control;
 pub mod http;
 pub mod http_limits;
 pub mod http_oauth;
+pub mod remote_doctor;
 pub mod socket;
