@@ -13,4 +13,5 @@ pub mod report;
 pub mod run;
 pub mod sources;
 pub mod stats;
+pub mod sync;
 pub mod web;

@@ -47,6 +47,11 @@ struct Args {
     /// writes no report
     #[arg(long, value_name = "WRITES")]
     rebuild: Option<usize>,
+    /// Only measure sync through a git remote (issue 12), for each size: first push,
+    /// clone, and a sync of this many commits made elsewhere; prints the table and
+    /// writes no report
+    #[arg(long, value_name = "BACKLOG")]
+    sync: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -99,6 +104,19 @@ fn run_main() -> Result<()> {
                 settings.seed,
                 pages,
                 writes,
+            )?);
+        }
+        print_results(&report::table(&rows), "");
+        return Ok(());
+    }
+    if let Some(backlog) = args.sync {
+        let mut rows = Vec::new();
+        for &pages in &settings.sizes {
+            rows.extend(alexandria_bench::sync::run(
+                &binaries,
+                settings.seed,
+                pages,
+                backlog,
             )?);
         }
         print_results(&report::table(&rows), "");
