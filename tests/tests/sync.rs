@@ -3,6 +3,7 @@
 //! repository reached through `file://` or a `git daemon` on 127.0.0.1.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -78,9 +79,11 @@ impl GitDaemon {
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
-        let child = Command::new("git")
+        // git-daemon itself, not `git daemon`: `git` would run it as a child that a kill
+        // of `git` leaves running (holding whatever file descriptors it inherited).
+        let exec_path = git(Path::new("/"), &["--exec-path"]);
+        let child = Command::new(Path::new(exec_path.trim()).join("git-daemon"))
             .args([
-                "daemon",
                 "--listen=127.0.0.1",
                 &format!("--port={port}"),
                 &format!("--base-path={}", base.display()),
@@ -95,6 +98,8 @@ impl GitDaemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            // Its own process group, so that the children serving connections go too.
+            .process_group(0)
             .spawn()
             .expect("git daemon");
         assert!(
@@ -115,6 +120,9 @@ impl GitDaemon {
 
 impl Drop for GitDaemon {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
