@@ -245,6 +245,30 @@ CREATE TABLE sync_state (
     synced_head TEXT
 );
 "#,
+    // 8: the ranked search index (issue 15, `index/engine.rs`). Every change of a file's
+    // row is queued, by trigger, in the transaction that makes it; the indexer applies
+    // the queue in order and deletes what it committed. The generation names this
+    // database, so an index built from another one is rebuilt.
+    r#"
+CREATE TABLE search_outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    file_id INTEGER NOT NULL
+);
+CREATE TRIGGER files_search_insert AFTER INSERT ON files BEGIN
+    INSERT INTO search_outbox(file_id) VALUES (new.id);
+END;
+CREATE TRIGGER files_search_update AFTER UPDATE ON files BEGIN
+    INSERT INTO search_outbox(file_id) VALUES (new.id);
+END;
+CREATE TRIGGER files_search_delete AFTER DELETE ON files BEGIN
+    INSERT INTO search_outbox(file_id) VALUES (old.id);
+END;
+CREATE TABLE search_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    generation TEXT NOT NULL
+);
+INSERT INTO search_state(id, generation) VALUES (1, lower(hex(randomblob(16))));
+"#,
 ];
 
 /// What opening `state.db` found and did, for the log and `daemon status`.

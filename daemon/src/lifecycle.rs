@@ -480,6 +480,7 @@ async fn wait_for_signal(context: Arc<DaemonContext>) {
 /// Watch for outside edits and catch up with the disk: the watcher thread registers a
 /// workspace's watch first and then catches it up, so no change falls between the two.
 async fn keep_index_current(context: Arc<DaemonContext>) {
+    crate::index::engine::start(&context.store);
     crate::commit::watch::spawn(Arc::clone(&context.store));
 }
 

@@ -5,11 +5,13 @@
 //! kinds, PDF text per page) and markdown parsing (`markdown`: sections, citations) live
 //! here because only indexing and citation checks need them.
 
+pub mod engine;
 pub mod extract;
 pub mod markdown;
 pub mod search;
+pub mod tokens;
 
-pub use search::{Hit, SearchQuery, fts_query, list, search};
+pub use search::{Hit, SearchQuery, fts_query, list, search, search_ranked};
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;

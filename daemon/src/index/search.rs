@@ -1,5 +1,5 @@
-//! Ranked full-text search (FTS5 `MATCH`, bm25, snippets for the returned hits) and
-//! path listings over the catalogue.
+//! Ranked full-text search (the search index of `engine.rs`, or FTS5 `MATCH` and bm25;
+//! snippets for the returned hits from FTS5) and path listings over the catalogue.
 
 use super::*;
 use crate::error::{ToolError, ToolResult};
@@ -35,7 +35,29 @@ pub struct SearchQuery<'a> {
     pub offset: usize,
 }
 
-/// Ranked full-text search. Returns the hits and whether more follow.
+/// Ranked full-text search through the search index (`engine.rs`) when it can answer,
+/// else through FTS5 (`search`). Returns the hits and whether more follow.
+pub fn search_ranked(
+    store: &crate::workspace::Store,
+    connection: &Connection,
+    query: &SearchQuery<'_>,
+) -> ToolResult<(Vec<Hit>, bool)> {
+    let fts = fts_query(query.query)?;
+    if let Some(engine) = super::engine::get(store) {
+        match engine.search(connection, query, &fts) {
+            Ok(Some((ranked, more))) => {
+                let hits = super::engine::complete(connection, &fts, &ranked)
+                    .map_err(|e| query_error(query.query, e))?;
+                return Ok((hits, more));
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "search index failed; FTS5 answers"),
+        }
+    }
+    search(connection, query)
+}
+
+/// Ranked full-text search with FTS5 alone. Returns the hits and whether more follow.
 pub fn search(connection: &Connection, query: &SearchQuery<'_>) -> ToolResult<(Vec<Hit>, bool)> {
     let fts = fts_query(query.query)?;
     // Two steps: rank every match (bm25 only), then read page, heading and snippet

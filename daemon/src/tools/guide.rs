@@ -159,6 +159,7 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
                     "schema_page": "wiki/SCHEMA.md",
                     "git": git.1,
                     "sync": sync.1,
+                    "search_index": index::engine::status(store),
                 }),
                 images: Vec::new(),
             })

@@ -86,7 +86,8 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
                 ));
             };
             let limit = limit_in_range(params.limit, 10, LIMIT_MAX)?;
-            let (hits, more) = index::search(
+            let (hits, more) = index::search_ranked(
+                store,
                 &connection,
                 &SearchQuery {
                     workspace: &slug,

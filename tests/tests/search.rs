@@ -1,0 +1,153 @@
+//! The ranked search index (issue 15): a write is found by the next search, before and
+//! after the index commits it; deletes drop out at once; a lost or damaged index is
+//! rebuilt from state.db at start, with search answering meanwhile.
+
+use std::time::Duration;
+
+use alexandria_tests::{Env, RawShim, wait_until};
+use serde_json::{Value, json};
+
+struct Session {
+    shim: RawShim,
+    id: i64,
+}
+
+impl Session {
+    fn open(env: &Env) -> Session {
+        let mut shim = env.raw_shim(Some("lab"));
+        shim.initialize("2025-06-18");
+        Session { shim, id: 1 }
+    }
+
+    fn call(&mut self, name: &str, arguments: Value) -> Value {
+        self.id += 1;
+        let reply = self.shim.request(
+            self.id,
+            "tools/call",
+            json!({"name": name, "arguments": arguments}),
+        );
+        let result = reply["result"].clone();
+        assert_eq!(result["isError"], false, "{name} {arguments}: {reply}");
+        result
+    }
+
+    /// Paths found for `query`, sorted, with every snippet checked for a highlight.
+    fn found(&mut self, query: &str) -> Vec<String> {
+        let result = self.call("search", json!({"query": query, "limit": 50}));
+        let hits = result["structuredContent"]["hits"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for hit in &hits {
+            assert!(
+                hit["snippet"].as_str().is_some_and(|s| s.contains("**")),
+                "{query}: {hit}"
+            );
+        }
+        let mut paths: Vec<String> = hits
+            .iter()
+            .filter_map(|h| h["path"].as_str().map(str::to_string))
+            .collect();
+        paths.sort();
+        paths
+    }
+
+    /// Wait until the index is open and has committed everything queued.
+    fn wait_for_index(&mut self) {
+        let mut status = Value::Null;
+        let ready = wait_until(Duration::from_secs(60), || {
+            status = self.call("guide", json!({}))["structuredContent"]["search_index"].clone();
+            status["ready"] == true && status["queued"] == 0
+        });
+        assert!(ready, "search index not ready: {status}");
+    }
+
+    fn write(&mut self, path: &str, content: &str) {
+        self.call(
+            "write",
+            json!({"command": "create", "path": path, "content": content}),
+        );
+    }
+}
+
+fn paths(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| format!("wiki/{n}")).collect()
+}
+
+/// The same answers while a change is only in the overlay, once the index committed
+/// it, after a restart, and after the index was deleted or damaged.
+#[test]
+fn search_index_follows_writes_restarts_and_losses() {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let mut session = Session::open(&env);
+    session.wait_for_index();
+    session.write(
+        "wiki/a.md",
+        "# A\n\nThe wombats were digging a big burrow.\n",
+    );
+    session.write(
+        "wiki/b.md",
+        "# B\n\n## Holes\nA big burrow and a small one.\n",
+    );
+    session.write("wiki/c.md", "# C\n\nNothing here but kelp.\n");
+    let expect = |session: &mut Session| {
+        assert_eq!(session.found("burrow"), paths(&["a.md", "b.md"]));
+        assert_eq!(session.found("\"big burrow\""), paths(&["a.md", "b.md"]));
+        assert_eq!(session.found("wombat digging"), paths(&["a.md"]));
+        assert_eq!(session.found("\"burrow big\""), Vec::<String>::new());
+    };
+    // At once (the writes may still be queued), then once committed.
+    expect(&mut session);
+    session.wait_for_index();
+    expect(&mut session);
+
+    // Cursors page through the same ranked list.
+    let first = session.call("search", json!({"query": "burrow", "limit": 1}));
+    let cursor = first["structuredContent"]["next_cursor"]
+        .as_str()
+        .expect("a cursor")
+        .to_string();
+    let second = session.call(
+        "search",
+        json!({"query": "burrow", "limit": 1, "cursor": cursor}),
+    );
+    let mut both = vec![
+        first["structuredContent"]["hits"][0]["path"].clone(),
+        second["structuredContent"]["hits"][0]["path"].clone(),
+    ];
+    both.sort_by_key(|p| p.to_string());
+    assert_eq!(both, vec![json!("wiki/a.md"), json!("wiki/b.md")]);
+    assert!(second["structuredContent"]["next_cursor"].is_null());
+
+    // A delete drops out of the next search, committed or not.
+    session.call("delete", json!({"path": "wiki/b.md"}));
+    assert_eq!(session.found("burrow"), paths(&["a.md"]));
+    session.wait_for_index();
+    assert_eq!(session.found("burrow"), paths(&["a.md"]));
+    drop(session);
+
+    // The index is deleted and a page edited by hand while the daemon is stopped.
+    env.ok(&["daemon", "stop"]);
+    std::fs::remove_dir_all(env.home.join("search-index")).expect("remove the index");
+    std::fs::write(
+        env.workspace_dir("lab").join("wiki/e.md"),
+        "# E\n\nAnother burrow, dug by hand.\n",
+    )
+    .expect("hand edit");
+    let mut session = Session::open(&env);
+    assert_eq!(session.found("burrow"), paths(&["a.md", "e.md"]));
+    session.wait_for_index();
+    assert_eq!(session.found("burrow"), paths(&["a.md", "e.md"]));
+    drop(session);
+
+    // A damaged index is rebuilt too.
+    env.ok(&["daemon", "stop"]);
+    std::fs::write(env.home.join("search-index/meta.json"), "{ not json").expect("damage");
+    let mut session = Session::open(&env);
+    assert_eq!(session.found("burrow"), paths(&["a.md", "e.md"]));
+    session.wait_for_index();
+    assert_eq!(session.found("burrow"), paths(&["a.md", "e.md"]));
+    assert_eq!(session.found("kelp"), paths(&["c.md"]));
+}
