@@ -46,6 +46,10 @@ const WRITER_BUDGET: usize = 24_000_000;
 const POLL: Duration = Duration::from_millis(250);
 /// Queue entries applied per commit.
 const BATCH: i64 = 20_000;
+/// While writes keep coming, the index commits once this many entries wait, or after
+/// `COMMIT_AFTER` since its last commit.
+const COMMIT_ENTRIES: i64 = 64;
+const COMMIT_AFTER: Duration = Duration::from_secs(1);
 /// Committed queue entries are deleted once this many piled up, or after `TRIM_AFTER`.
 const TRIM_EVERY: i64 = 5_000;
 const TRIM_AFTER: Duration = Duration::from_secs(30);
@@ -286,11 +290,20 @@ impl Engine {
         self.ready.store(true, Ordering::Release);
         tracing::info!(seq = self.snapshot().seq, "search index ready");
         let mut trimmed = (0i64, std::time::Instant::now());
+        let mut committed = std::time::Instant::now();
         loop {
             std::thread::sleep(POLL);
+            // Under a stream of writes, commit at most once a second (the overlay has
+            // the rest): every commit writes and syncs segment files, and merges follow.
+            if committed.elapsed() < COMMIT_AFTER && !self.queued_at_least(pool, COMMIT_ENTRIES) {
+                continue;
+            }
             loop {
                 match self.apply_queue(pool, &mut writer) {
-                    Ok(true) => continue,
+                    Ok(true) => {
+                        committed = std::time::Instant::now();
+                        continue;
+                    }
                     Ok(false) => break,
                     Err(error) => {
                         tracing::warn!(%error, "applying the search queue failed; retrying");
@@ -312,6 +325,23 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Whether `entries` or more queue entries wait past the snapshot.
+    fn queued_at_least(&self, pool: &Pool, entries: i64) -> bool {
+        let seq = self.snapshot().seq;
+        pool.get()
+            .ok()
+            .and_then(|connection| {
+                connection
+                    .query_row(
+                        "SELECT coalesce(max(seq), 0) FROM search_outbox",
+                        [],
+                        |row| row.get::<_, i64>(0),
+                    )
+                    .ok()
+            })
+            .is_some_and(|last| last - seq >= entries)
     }
 
     /// Delete queue entries the published snapshot holds (never earlier: see `search`).
@@ -412,7 +442,7 @@ impl Engine {
         }
         drop(transaction);
         self.commit(writer, last)?;
-        Ok(queued.len() as i64 == BATCH)
+        Ok(true)
     }
 
     fn document(&self, file: &FileRow, rowid: i64, body: &str) -> tantivy::TantivyDocument {
