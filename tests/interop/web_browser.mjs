@@ -10,7 +10,7 @@
 //      CHROMIUM (default /usr/bin/chromium).
 
 import { execFileSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
@@ -160,4 +160,5 @@ try {
   console.log(`ok: clicked through 9 pages, screenshots in ${shots}`);
 } finally {
   await browser.close();
+  rmSync(inbox, { recursive: true, force: true });
 }

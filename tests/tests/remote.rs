@@ -820,7 +820,11 @@ fn remote_doctor_checks_the_public_url_from_outside() {
     assert!(passed.status.success(), "{passed:?}");
     let report: Value = serde_json::from_slice(&passed.stdout).expect("json");
     assert_eq!(report["ok"], json!(true), "{report}");
-    assert_eq!(report["checks"].as_array().map(Vec::len), Some(4), "{report}");
+    assert_eq!(
+        report["checks"].as_array().map(Vec::len),
+        Some(4),
+        "{report}"
+    );
 
     // A public URL nothing answers at (the tunnel is down): said, with a hint.
     let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

@@ -641,3 +641,30 @@ fn subscriptions_page_ingests_and_dismisses_by_button() {
     );
     assert_eq!(bad.status, 400, "{}", bad.body);
 }
+
+/// Sync state in the web view: `/` says which workspaces are local only and which sync
+/// is failing; the workspace page names the remote and the last error.
+#[test]
+fn the_web_view_shows_sync_state() {
+    let (env, address) = web_env();
+    let missing = env.dir.path().join("no-such-remote.git");
+    let url = format!("file://{}", missing.display());
+    env.ok(&["workspace", "remote", "acme", &url]);
+    let failed = env.run(&["sync", "acme"]);
+    assert!(!failed.status.success(), "a sync to a missing remote fails");
+    let cookie = sign_in(&env, &address);
+    let with = [("Cookie", cookie.as_str())];
+    let home = get(&address, "/", &with);
+    assert!(home.body.contains("sync failing"), "{}", home.body);
+    assert!(
+        home.body.contains("local only"),
+        "global has no remote: {}",
+        home.body
+    );
+    let overview = get(&address, "/w/acme/", &with);
+    assert!(
+        overview.body.contains("the last sync failed") && overview.body.contains("no-such-remote"),
+        "{}",
+        overview.body
+    );
+}

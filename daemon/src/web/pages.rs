@@ -136,7 +136,7 @@ fn home(context: &DaemonContext, binding: &Binding, csrf: Option<&str>) -> PageR
         html! {
             h1 { "Workspaces" }
             table {
-                thead { tr { th { "workspace" } th { "wiki pages" } th { "raw sources" } th { "pending items" } th { "last write" } } }
+                thead { tr { th { "workspace" } th { "wiki pages" } th { "raw sources" } th { "pending items" } th { "sync" } th { "last write" } } }
                 tbody {
                     @for (slug, data) in &rows {
                         tr {
@@ -144,6 +144,7 @@ fn home(context: &DaemonContext, binding: &Binding, csrf: Option<&str>) -> PageR
                             td { (data["wiki_pages"]) }
                             td { (data["raw_sources"]) }
                             td { (data["pending_subscription_items"]) }
+                            td { (sync_cell(&data["sync"])) }
                             td.muted {
                                 @if let Some(last) = data["recent_history"].as_array().and_then(|h| h.first()) {
                                     (text(&last["ts"])) " · " (text(&last["op"])) " " (text(&last["path"]))
@@ -155,6 +156,24 @@ fn home(context: &DaemonContext, binding: &Binding, csrf: Option<&str>) -> PageR
             }
         },
     )
+}
+
+/// A workspace's sync state in one cell: no remote, the last error, open conflicts.
+fn sync_cell(sync: &Value) -> Markup {
+    let conflicts = sync["conflicts"].as_array().map_or(0, Vec::len);
+    html! {
+        @match sync["remote"].as_str() {
+            None => span.muted { "local only" },
+            Some(_) => {
+                @if let Some(error) = sync["last_error"].as_str() {
+                    span.error title=(error) { "sync failing" }
+                } @else {
+                    "synced"
+                }
+                @if conflicts > 0 { " · " span.error { (conflicts) " conflict(s)" } }
+            }
+        }
+    }
 }
 
 /// `/sessions`: what `alexandria mcp status` shows.
@@ -293,6 +312,15 @@ fn overview(
             p.muted { (guide["wiki_pages"]) " wiki pages · " (guide["raw_sources"]) " raw sources · " (guide["pending_subscription_items"]) " pending items" }
             @if let Some(index_html) = index_html {
                 article { (PreEscaped(index_html)) }
+            }
+            @if let Some(remote) = guide["sync"]["remote"].as_str() {
+                h2 { "Sync" }
+                p { "With " code { (remote) } @if let Some(error) = guide["sync"]["last_error"].as_str() { " · " span.error { "the last sync failed: " (error) } " (writes go on; it is retried)" } }
+                @let conflicts = guide["sync"]["conflicts"].as_array().cloned().unwrap_or_default();
+                @if !conflicts.is_empty() {
+                    p { "Open conflicts (both machines changed the same lines; the page has the other machine's version, the conflict page this one's):" }
+                    ul { @for path in &conflicts { li { (page_link(slug, text(path))) } } }
+                }
             }
             (sources_block)
             h2 { "Recent history" }
