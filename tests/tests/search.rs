@@ -78,7 +78,10 @@ fn paths(names: &[&str]) -> Vec<String> {
 /// it, after a restart, and after the index was deleted or damaged.
 #[test]
 fn search_index_follows_writes_restarts_and_losses() {
-    let env = Env::new();
+    let mut env = Env::new();
+    // The index is opt-in (see index/engine.rs).
+    env.vars
+        .push(("ALEXANDRIA_SEARCH_INDEX".into(), Some("on".into())));
     env.ok(&["init"]);
     env.ok(&["workspace", "create", "lab"]);
     let mut session = Session::open(&env);
