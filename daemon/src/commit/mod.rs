@@ -45,7 +45,7 @@ use crate::error::{ToolError, ToolResult};
 use crate::faults::crash_point;
 use crate::index;
 use crate::workspace::git;
-use crate::workspace::{LockGuard, Store, message, revision};
+use crate::workspace::{Durable, LockGuard, Store, message, revision};
 
 /// Largest page a write may produce.
 pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
@@ -101,8 +101,8 @@ pub(crate) fn run_dir(store: &Store, workspace: &str, run_id: &str) -> PathBuf {
 pub(crate) use place::TEMP_MARKER;
 
 /// Replace `path` atomically with `bytes` (temp file + rename). Durability against
-/// power loss comes from one `syncfs` per write before it is acknowledged (see
-/// `flush_to_disk`), not from an fsync per file.
+/// power loss comes from the flush before a write is acknowledged (`Durable`), not
+/// from an fsync here.
 pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path
         .parent()
@@ -246,6 +246,8 @@ pub struct Completed {
     /// Rev of the page after the run (None: deleted). Differs from the manifest's when
     /// the write was applied again on top of an outside save.
     pub rev: Option<String>,
+    /// What the run wrote, to be flushed before it is acknowledged.
+    pub durable: Durable,
 }
 
 /// A version of the page that the daemon found in place of the one it planned against
@@ -271,7 +273,6 @@ fn complete(
     let workspace = &manifest.workspace;
     let root = store.workspace_dir(workspace);
     let dir = run_dir(store, workspace, &manifest.run_id);
-    let target = root.join(&manifest.path);
     let state = store.state(workspace);
 
     // 0. Already recorded? Then only the run directory is left to remove.
@@ -289,33 +290,24 @@ fn complete(
             return Ok(Completed {
                 commit: commit.unwrap_or_default(),
                 rev: manifest.new_rev.clone(),
+                durable: Durable::default(),
             });
         }
     }
 
     // 1 and 2. The page and the commit(s), under git's index lock.
     let timeout = git_lock_timeout(store);
-    let (done, outside) = state.with_repo(&root, |repo| -> ToolResult<_> {
-        let session = git::Session::begin(repo, timeout).map_err(git_error)?;
-        let mut page = Page {
-            session,
-            manifest,
-            root: &root,
-            target: &target,
-            committed: None,
-            outside: Vec::new(),
-            changed,
-        };
-        let done = page.commit_run(&dir);
-        let Page {
-            session, outside, ..
-        } = page;
+    let (done, outside, mut durable) = state.with_repo(&root, |repo| -> ToolResult<_> {
+        let mut session = git::Session::begin(repo, timeout).map_err(git_error)?;
+        let (done, outside) = commit_page(&mut session, &root, manifest, &dir, changed);
         // Whatever was committed (outside versions too) reaches git's index, also
         // when the write itself ends in `stale_plan`.
         let finished = session.finish().map_err(git_error);
         match (done, finished) {
-            (Ok(done), Ok(())) => Ok((Ok(done), outside)),
-            (Err(error), Ok(())) if error.code == ErrorCode::StalePlan => Ok((Err(error), outside)),
+            (Ok(done), Ok(written)) => Ok((Ok(done), outside, written)),
+            (Err(error), Ok(_)) if error.code == ErrorCode::StalePlan => {
+                Ok((Err(error), outside, Durable::default()))
+            }
             (Err(error), _) | (Ok(_), Err(error)) => Err(error),
         }
     })?;
@@ -325,7 +317,64 @@ fn complete(
     let mut connection = store.pool.get()?;
     let transaction = connection.transaction()?;
     let now = now_ms();
-    for version in &outside {
+    let recorded = record(&transaction, &root, manifest, done.as_ref().ok(), &outside, now);
+    let (commit, rev) = match (done, recorded) {
+        (_, Err(error)) => return Err(error),
+        (Ok(done), Ok(())) => done,
+        (Err(error), Ok(())) => {
+            transaction.commit()?;
+            return Err(error);
+        }
+    };
+    transaction.commit()?;
+    crash_point("after_index");
+    let _ = fs::remove_dir_all(&dir);
+    store.changed(workspace, &manifest.path);
+    page_written(&mut durable, &root, manifest);
+    durable.file(wal_file(store));
+    Ok(Completed {
+        commit,
+        rev,
+        durable,
+    })
+}
+
+/// Put a prepared run's page in place (or in the trash) and commit it in `session`.
+/// Returns the commit and the page's rev, and the outside versions committed before
+/// it (kept also when the run ends in `stale_plan`).
+fn commit_page(
+    session: &mut git::Session<'_>,
+    root: &Path,
+    manifest: &Manifest,
+    dir: &Path,
+    changed: &Cell<bool>,
+) -> (ToolResult<(String, Option<String>)>, Vec<OutsideVersion>) {
+    let target = root.join(&manifest.path);
+    let mut page = Page {
+        session,
+        manifest,
+        root,
+        target: &target,
+        committed: None,
+        outside: Vec::new(),
+        changed,
+    };
+    let done = page.commit_run(dir);
+    (done, page.outside)
+}
+
+/// The SQLite rows of a run: its outside versions, and when it was committed
+/// (`done`) the run, its history entry, its event and the page's index entries.
+fn record(
+    transaction: &rusqlite::Transaction<'_>,
+    root: &Path,
+    manifest: &Manifest,
+    done: Option<&(String, Option<String>)>,
+    outside: &[OutsideVersion],
+    now: i64,
+) -> ToolResult<()> {
+    let workspace = &manifest.workspace;
+    for version in outside {
         transaction.execute(
             "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id, previous_commit)
              VALUES (?1, ?2, NULL, ?3, ?4, ?5, 'outside', ?6, ?7)",
@@ -344,12 +393,8 @@ fn complete(
             ],
         )?;
     }
-    let (commit, rev) = match done {
-        Ok(done) => done,
-        Err(error) => {
-            transaction.commit()?;
-            return Err(error);
-        }
+    let Some((commit, _)) = done else {
+        return Ok(());
     };
     let already: bool = transaction
         .query_row(
@@ -358,33 +403,57 @@ fn complete(
             |r| r.get::<_, i64>(0),
         )
         .map(|n| n > 0)?;
-    if !already {
-        transaction.execute(
-            "INSERT INTO runs(run_id, workspace, tool, client, session, state, started_at, finished_at, commit_id)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'committed', ?6, ?7, ?8)",
-            params![manifest.run_id, workspace, manifest.tool, manifest.client, manifest.session, manifest.started_at, now, commit],
-        )?;
-        // OR IGNORE: a history import from git may have recorded this commit already.
-        transaction.execute(
-            "INSERT OR IGNORE INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'agent', ?7)",
-            params![now, workspace, manifest.run_id, manifest.op, manifest.path, manifest.summary, commit],
-        )?;
-        transaction.execute(
-            "INSERT INTO events(ts, workspace, kind, data) VALUES (?1, ?2, 'run_committed', ?3)",
-            params![now, workspace, json!({"run_id": manifest.run_id, "op": manifest.op, "path": manifest.path, "commit": commit, "client": manifest.client}).to_string()],
-        )?;
-        if manifest.new_rev.is_some() {
-            index::index_file(&transaction, workspace, &manifest.path, &target)?;
-        } else {
-            index::remove_file(&transaction, workspace, &manifest.path)?;
+    if already {
+        return Ok(());
+    }
+    transaction.execute(
+        "INSERT INTO runs(run_id, workspace, tool, client, session, state, started_at, finished_at, commit_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'committed', ?6, ?7, ?8)",
+        params![manifest.run_id, workspace, manifest.tool, manifest.client, manifest.session, manifest.started_at, now, commit],
+    )?;
+    // OR IGNORE: a history import from git may have recorded this commit already.
+    transaction.execute(
+        "INSERT OR IGNORE INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'agent', ?7)",
+        params![now, workspace, manifest.run_id, manifest.op, manifest.path, manifest.summary, commit],
+    )?;
+    transaction.execute(
+        "INSERT INTO events(ts, workspace, kind, data) VALUES (?1, ?2, 'run_committed', ?3)",
+        params![now, workspace, json!({"run_id": manifest.run_id, "op": manifest.op, "path": manifest.path, "commit": commit, "client": manifest.client}).to_string()],
+    )?;
+    if manifest.new_rev.is_some() {
+        index::index_file(transaction, workspace, &manifest.path, &root.join(&manifest.path))?;
+    } else {
+        index::remove_file(transaction, workspace, &manifest.path)?;
+    }
+    Ok(())
+}
+
+/// The page files a run wrote (or moved to the trash), for the flush.
+fn page_written(durable: &mut Durable, root: &Path, manifest: &Manifest) {
+    let target = root.join(&manifest.path);
+    let layer = root.join(manifest.path.split('/').next().unwrap_or("wiki"));
+    if manifest.new_rev.is_some() {
+        durable.parents_up_to(&target, &layer);
+        durable.file(target);
+    } else {
+        if let Some(parent) = target.parent() {
+            durable.dir(parent);
+        }
+        if let Some(trash) = &manifest.trash_path {
+            let trash = root.join(trash);
+            durable.parents_up_to(&trash, &root.join(".trash"));
+            durable.file(trash);
         }
     }
-    transaction.commit()?;
-    crash_point("after_index");
-    let _ = fs::remove_dir_all(&dir);
-    store.changed(workspace, &manifest.path);
-    Ok(Completed { commit, rev })
+}
+
+/// `state.db`'s write-ahead log: committed transactions live there until a checkpoint
+/// (`synchronous = NORMAL` does not flush them at commit).
+fn wal_file(store: &Store) -> PathBuf {
+    let mut name = store.home.state_db().into_os_string();
+    name.push("-wal");
+    PathBuf::from(name)
 }
 
 fn short(commit: &str) -> &str {
@@ -393,7 +462,7 @@ fn short(commit: &str) -> &str {
 
 /// A page being put in place (or in the trash) by a run, with git's index lock held.
 struct Page<'a, 'r> {
-    session: git::Session<'r>,
+    session: &'a mut git::Session<'r>,
     manifest: &'a Manifest,
     root: &'a Path,
     target: &'a Path,
@@ -836,14 +905,17 @@ pub(crate) fn finish(
     drop(cleanup);
     drop(lock);
     crash_point("before_flush");
-    flush_to_disk(store, &manifest.workspace)?;
+    completed
+        .durable
+        .flush()
+        .map_err(|e| io_error("flushing to disk", e))?;
     crash_point("after_flush");
     Ok(completed)
 }
 
-/// Make everything written so far durable (page, git objects and refs, SQLite WAL)
-/// with one `syncfs` of the home's file system, outside the workspace lock so that
-/// concurrent writers share the flush. Called before a write is acknowledged.
+/// Make everything written so far durable with one `syncfs` of the home's file system
+/// (ingest and source captures, which write many files; a write flushes only what it
+/// wrote: `Completed::durable`).
 pub(crate) fn flush_to_disk(store: &Store, workspace: &str) -> ToolResult<()> {
     let dir =
         File::open(store.workspace_dir(workspace)).map_err(|e| io_error("flushing to disk", e))?;
@@ -881,7 +953,6 @@ pub(crate) fn complete_or_roll_back(store: &Store, manifest: &Manifest) -> ToolR
 /// held (or before serving), so HEAD can only hold this run's commit on top.
 pub(crate) fn roll_back(store: &Store, manifest: &Manifest) {
     let root = store.workspace_dir(&manifest.workspace);
-    let target = root.join(&manifest.path);
     let connection_has_run = store
         .pool
         .get()
@@ -903,25 +974,7 @@ pub(crate) fn roll_back(store: &Store, manifest: &Manifest) {
     let timeout = git_lock_timeout(store);
     let result = store.state(&manifest.workspace).with_repo(&root, |repo| {
         let mut session = git::Session::begin(repo, timeout)?;
-        let mut head = repo.head()?.peel_to_commit()?;
-        if head
-            .message()
-            .is_ok_and(|m| message::names_run(m, &manifest.run_id))
-        {
-            let parent = head.parent(0)?;
-            session.reset_soft(&parent)?;
-            head = parent;
-        }
-        match head.tree()?.get_path(Path::new(&manifest.path)) {
-            Ok(entry) => {
-                let blob = repo.find_blob(entry.id())?;
-                let _ = write_durably(&target, blob.content());
-            }
-            Err(_) => {
-                let _ = fs::remove_file(&target);
-            }
-        }
-        session.stage_head_version(&manifest.path)?;
+        undo(&mut session, &root, manifest)?;
         session.finish()
     });
     if let Err(error) = result {
@@ -931,4 +984,35 @@ pub(crate) fn roll_back(store: &Store, manifest: &Manifest) {
         let _ = fs::remove_file(root.join(trash));
     }
     let _ = fs::remove_dir_all(run_dir(store, &manifest.workspace, &manifest.run_id));
+}
+
+/// The git and file part of a roll back, in an open session: HEAD's branch moves back
+/// over the run's commit if it is on top, the page becomes HEAD's version again, and
+/// so does its index entry.
+fn undo(
+    session: &mut git::Session<'_>,
+    root: &Path,
+    manifest: &Manifest,
+) -> Result<(), git::GitError> {
+    let repo = session.repo();
+    let target = root.join(&manifest.path);
+    let mut head = repo.head()?.peel_to_commit()?;
+    if head
+        .message()
+        .is_ok_and(|m| message::names_run(m, &manifest.run_id))
+    {
+        let parent = head.parent(0)?;
+        session.reset_soft(&parent)?;
+        head = parent;
+    }
+    match head.tree()?.get_path(Path::new(&manifest.path)) {
+        Ok(entry) => {
+            let blob = repo.find_blob(entry.id())?;
+            let _ = write_durably(&target, blob.content());
+        }
+        Err(_) => {
+            let _ = fs::remove_file(&target);
+        }
+    }
+    session.stage_head_version(&manifest.path)
 }

@@ -80,7 +80,7 @@ pub struct Swapped {
 }
 
 /// Replace `target` with `bytes` in one atomic step and hand back what it replaced.
-/// Durability comes from the `syncfs` before a write is acknowledged.
+/// Durability comes from the flush before a write is acknowledged (`Durable`).
 pub fn swap_in(target: &Path, bytes: &[u8]) -> std::io::Result<Swapped> {
     if let Some(dir) = target.parent() {
         fs::create_dir_all(dir)?;

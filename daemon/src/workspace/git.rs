@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 use git2::{FileMode, IndexEntry, IndexTime, Oid, Repository, RepositoryState, Signature};
 
+use super::Durable;
+
 /// What a person is doing in a repository, as far as writes are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GitState {
@@ -307,6 +309,8 @@ pub struct Session<'r> {
     lock: IndexLock,
     timeout: Duration,
     touched: BTreeMap<String, Entry>,
+    /// Object files, refs and the index this session wrote: what must be flushed.
+    written: Durable,
 }
 
 impl<'r> Session<'r> {
@@ -320,6 +324,7 @@ impl<'r> Session<'r> {
                 lock,
                 timeout,
                 touched: BTreeMap::new(),
+                written: Durable::default(),
             }),
             state => Err(GitError::InUse(state)),
         }
@@ -374,6 +379,7 @@ impl<'r> Session<'r> {
             let tree = repo.find_tree(update.create_updated(repo, &head.tree()?)?)?;
             match repo.commit(Some("HEAD"), author, &committer, message, &tree, &[&head]) {
                 Ok(id) => {
+                    self.record_written(id, &entries)?;
                     self.touched.extend(entries);
                     return Ok(id);
                 }
@@ -389,6 +395,44 @@ impl<'r> Session<'r> {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Remember the files commit `id` wrote: its loose objects (the commit, the trees
+    /// along each changed path, the blobs) and the branch's ref.
+    fn record_written(&mut self, id: Oid, entries: &[(String, Entry)]) -> Result<(), GitError> {
+        let repo = self.repo;
+        let objects = repo.path().join("objects");
+        let mut ids = vec![id];
+        let commit = repo.find_commit(id)?;
+        let tree = commit.tree()?;
+        ids.push(tree.id());
+        for (path, entry) in entries {
+            if let Entry::Blob { id, .. } = entry {
+                ids.push(*id);
+            }
+            let mut prefix = Path::new(path.as_str()).parent();
+            while let Some(dir) = prefix.filter(|d| !d.as_os_str().is_empty()) {
+                if let Ok(found) = tree.get_path(dir) {
+                    ids.push(found.id());
+                }
+                prefix = dir.parent();
+            }
+        }
+        for id in ids {
+            let hex = id.to_string();
+            // Already packed (or written by someone else): no loose file, nothing to do.
+            self.written
+                .file(objects.join(&hex[..2]).join(&hex[2..]));
+        }
+        self.written.dir(objects);
+        let head = repo.find_reference("HEAD")?;
+        if let Some(name) = head.symbolic_target()? {
+            let git_dir = repo.path();
+            let file = git_dir.join(&name);
+            self.written.parents_up_to(&file, &git_dir.join("refs"));
+            self.written.file(file);
+        }
+        Ok(())
     }
 
     /// Make the index entry of `path` HEAD's version (after a commit made by an earlier
@@ -466,10 +510,11 @@ impl<'r> Session<'r> {
     }
 
     /// Write the index entries of every path committed in this session (the rest of the
-    /// index untouched), put the new index in place and release the lock.
-    pub fn finish(self) -> Result<(), GitError> {
+    /// index untouched), put the new index in place and release the lock. Returns what
+    /// the session wrote, for the flush before the write is acknowledged.
+    pub fn finish(self) -> Result<Durable, GitError> {
         if self.touched.is_empty() {
-            return Ok(());
+            return Ok(self.written);
         }
         let git_dir = self.repo.path();
         let current = git_dir.join("index");
@@ -499,7 +544,9 @@ impl<'r> Session<'r> {
         index.write()?;
         fs::rename(&next, &current).map_err(io("replacing git's index"))?;
         drop(self.lock);
-        Ok(())
+        let mut written = self.written;
+        written.file(current);
+        Ok(written)
     }
 }
 
