@@ -567,33 +567,38 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
         seed
     };
     for round in 0..rounds {
-        let client = env.client(Some("lab")).await?;
-        let writer = tokio::spawn(async move {
-            let mut done = Vec::new();
-            for n in 0..1000 {
-                let path = format!("wiki/k{round}/p{n}.md");
-                let content = format!("# K {round} {n}\n\nkill{round}x{n}mark\n");
-                match call(
-                    &client,
-                    "write",
-                    json!({"command": "create", "path": path, "content": content}),
-                )
-                .await
-                {
-                    Ok(result) if error_code(&result).is_none() => {
-                        done.push((
-                            path,
-                            result["structuredContent"]["rev"]
-                                .as_str()
-                                .unwrap_or("")
-                                .to_string(),
-                        ));
+        // Three sessions write at once, so that kills land in the middle of a group
+        // commit (issue 15) too.
+        let mut writers = Vec::new();
+        for w in 0..3 {
+            let client = env.client(Some("lab")).await?;
+            writers.push(tokio::spawn(async move {
+                let mut done = Vec::new();
+                for n in 0..1000 {
+                    let path = format!("wiki/k{round}/w{w}p{n}.md");
+                    let content = format!("# K {round} {w} {n}\n\nkill{round}x{w}x{n}mark\n");
+                    match call(
+                        &client,
+                        "write",
+                        json!({"command": "create", "path": path, "content": content}),
+                    )
+                    .await
+                    {
+                        Ok(result) if error_code(&result).is_none() => {
+                            done.push((
+                                path,
+                                result["structuredContent"]["rev"]
+                                    .as_str()
+                                    .unwrap_or("")
+                                    .to_string(),
+                            ));
+                        }
+                        _ => break,
                     }
-                    _ => break,
                 }
-            }
-            done
-        });
+                done
+            }));
+        }
         tokio::time::sleep(Duration::from_millis(30 + next() % 150)).await;
         // A person commits a file by hand while the agent writes (issue 16).
         let root = env.workspace_dir("lab");
@@ -601,7 +606,9 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
         hand_git(&root, &["add", &format!("wiki/hand{round}.md")]);
         hand_git(&root, &["commit", "-q", "-m", &format!("hand {round}")]);
         env.kill_daemon();
-        acknowledged.extend(writer.await?);
+        for writer in writers {
+            acknowledged.extend(writer.await?);
+        }
     }
     let client = env.client(Some("lab")).await?;
     let root = env.workspace_dir("lab");

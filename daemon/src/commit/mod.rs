@@ -20,12 +20,14 @@
 //! calls a tool.
 
 pub mod capture;
+mod group;
 pub mod ingest;
 pub mod place;
 pub mod rebuild;
 pub mod recover;
 pub mod watch;
 
+pub(crate) use group::submit;
 pub use recover::recover;
 
 use std::cell::Cell;
@@ -299,7 +301,7 @@ fn complete(
     let timeout = git_lock_timeout(store);
     let (done, outside, mut durable) = state.with_repo(&root, |repo| -> ToolResult<_> {
         let mut session = git::Session::begin(repo, timeout).map_err(git_error)?;
-        let (done, outside) = commit_page(&mut session, &root, manifest, &dir, changed);
+        let (done, outside) = commit_page(&mut session, &root, manifest, &dir, changed, true);
         // Whatever was committed (outside versions too) reaches git's index, also
         // when the write itself ends in `stale_plan`.
         let finished = session.finish().map_err(git_error);
@@ -317,7 +319,14 @@ fn complete(
     let mut connection = store.pool.get()?;
     let transaction = connection.transaction()?;
     let now = now_ms();
-    let recorded = record(&transaction, &root, manifest, done.as_ref().ok(), &outside, now);
+    let recorded = record(
+        &transaction,
+        &root,
+        manifest,
+        done.as_ref().ok(),
+        &outside,
+        now,
+    );
     let (commit, rev) = match (done, recorded) {
         (_, Err(error)) => return Err(error),
         (Ok(done), Ok(())) => done,
@@ -348,6 +357,7 @@ fn commit_page(
     manifest: &Manifest,
     dir: &Path,
     changed: &Cell<bool>,
+    recovering: bool,
 ) -> (ToolResult<(String, Option<String>)>, Vec<OutsideVersion>) {
     let target = root.join(&manifest.path);
     let mut page = Page {
@@ -358,6 +368,7 @@ fn commit_page(
         committed: None,
         outside: Vec::new(),
         changed,
+        recovering,
     };
     let done = page.commit_run(dir);
     (done, page.outside)
@@ -422,7 +433,12 @@ fn record(
         params![now, workspace, json!({"run_id": manifest.run_id, "op": manifest.op, "path": manifest.path, "commit": commit, "client": manifest.client}).to_string()],
     )?;
     if manifest.new_rev.is_some() {
-        index::index_file(transaction, workspace, &manifest.path, &root.join(&manifest.path))?;
+        index::index_file(
+            transaction,
+            workspace,
+            &manifest.path,
+            &root.join(&manifest.path),
+        )?;
     } else {
         index::remove_file(transaction, workspace, &manifest.path)?;
     }
@@ -470,6 +486,27 @@ struct Page<'a, 'r> {
     committed: Option<String>,
     outside: Vec<OutsideVersion>,
     changed: &'a Cell<bool>,
+    /// Completing a run a dead daemon left: its commit may be below HEAD.
+    recovering: bool,
+}
+
+/// How far below HEAD recovery looks for a run's commit: a group commits up to 64
+/// runs, each maybe after outside versions of its page.
+const RECOVERY_DEPTH: usize = 512;
+
+/// The commit naming `run_id` among the `depth` newest first-parent commits from `head`.
+fn run_commit(head: &git2::Commit<'_>, run_id: &str, depth: usize) -> Option<git2::Oid> {
+    let mut cursor = head.clone();
+    for _ in 0..depth {
+        if cursor
+            .message()
+            .is_ok_and(|m| message::names_run(m, run_id))
+        {
+            return Some(cursor.id());
+        }
+        cursor = cursor.parent(0).ok()?;
+    }
+    None
 }
 
 fn rev_of(bytes: Option<&[u8]>) -> Option<String> {
@@ -494,17 +531,16 @@ impl Page<'_, '_> {
             .head()
             .and_then(|h| h.peel_to_commit())
             .map_err(git2_error)?;
-        if head
-            .message()
-            .is_ok_and(|m| message::names_run(m, &manifest.run_id))
-        {
-            // Committed before a crash; the index may not have followed.
+        // Committed before a crash (on top, or below later runs of its group); the
+        // index may not have followed.
+        let depth = if self.recovering { RECOVERY_DEPTH } else { 1 };
+        if let Some(found) = run_commit(&head, &manifest.run_id, depth) {
             self.changed.set(true);
             self.session
                 .stage_head_version(&manifest.path)
                 .map_err(git_error)?;
             let rev = fs::read(self.target).ok().map(|b| revision(&b));
-            return Ok((head.id().to_string(), rev));
+            return Ok((found.to_string(), rev));
         }
         self.committed = head
             .tree()
@@ -889,28 +925,6 @@ pub fn lock_workspace<'a>(
         run_id,
         timeout,
     )
-}
-
-/// The common end of a write and a delete whose run is prepared: complete it (or roll
-/// it back), drop the run directory, release the lock, flush to disk. Only then may
-/// the caller acknowledge.
-pub(crate) fn finish(
-    store: &Store,
-    manifest: &Manifest,
-    lock: LockGuard<'_>,
-    cleanup: RunDirCleanup,
-) -> ToolResult<Completed> {
-    crash_point("after_prepare");
-    let completed = complete_or_roll_back(store, manifest)?;
-    drop(cleanup);
-    drop(lock);
-    crash_point("before_flush");
-    completed
-        .durable
-        .flush()
-        .map_err(|e| io_error("flushing to disk", e))?;
-    crash_point("after_flush");
-    Ok(completed)
 }
 
 /// Make everything written so far durable with one `syncfs` of the home's file system

@@ -10,8 +10,8 @@ use serde_json::json;
 use super::{Caller, wiki_target};
 use super::{ToolOutput, resolve_workspace};
 use crate::commit::{
-    Manifest, RunDirCleanup, RunState, finish, io_error, lock_workspace, new_run_id, read_current,
-    run_dir, save_manifest,
+    Manifest, RunDirCleanup, RunState, io_error, new_run_id, read_current, run_dir, save_manifest,
+    submit,
 };
 use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
@@ -66,15 +66,19 @@ pub fn delete(
     fs::create_dir_all(&dir).map_err(|e| io_error("staging the delete", e))?;
     let cleanup = RunDirCleanup(dir.clone());
     save_manifest(&dir, &manifest)?;
-    let state = store.state(&workspace);
-    let lock = lock_workspace(store, &state, &workspace, &run_id)?;
-    let Some(current) = read_current(&absolute)? else {
-        return Err(ToolError::not_found(&path));
+    let prepared_path = path.clone();
+    let prepare = move |_: &Store| -> ToolResult<(Manifest, ())> {
+        let Some(current) = read_current(&absolute)? else {
+            return Err(ToolError::not_found(&prepared_path));
+        };
+        manifest.old_rev = Some(revision(&current));
+        manifest.state = RunState::Prepared;
+        save_manifest(&dir, &manifest)?;
+        Ok((manifest, ()))
     };
-    manifest.old_rev = Some(revision(&current));
-    manifest.state = RunState::Prepared;
-    save_manifest(&dir, &manifest)?;
-    let commit = finish(store, &manifest, lock, cleanup)?.commit;
+    let commit = submit(store, &workspace, &run_id, cleanup, prepare)?
+        .0
+        .commit;
     Ok(ToolOutput {
         text: format!("deleted {path}; a copy is kept in {trash_path} (run {run_id})"),
         structured: json!({

@@ -13,8 +13,8 @@ use super::{Caller, wiki_target};
 use super::{ToolOutput, resolve_workspace};
 pub use crate::commit::MAX_PAGE_BYTES;
 use crate::commit::{
-    Manifest, RunDirCleanup, RunState, apply_command, finish, io_error, lock_workspace, new_run_id,
-    read_current, run_dir, save_manifest, write_durably,
+    Manifest, RunDirCleanup, RunState, apply_command, io_error, new_run_id, read_current, run_dir,
+    save_manifest, submit, write_durably,
 };
 use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
@@ -245,76 +245,86 @@ pub fn write(
     save_manifest(&dir, &manifest)?;
     crash_point("after_stage");
 
-    // Lock, check, commit.
-    let state = store.state(&workspace);
-    let lock = lock_workspace(store, &state, &workspace, &run_id)?;
-    crash_point("after_lock");
-    let current = read_current(&absolute)?;
-    let current_rev = current.as_deref().map(revision);
-    let base_rev = params
+    // Lock, check, commit: with the workspace lock held, in a group with whatever
+    // other writes are queued (`commit::group`).
+    let prepared_path = path.clone();
+    let target = absolute.clone();
+    let base_rev: Option<String> = params
         .base_rev
         .as_deref()
         .map(str::trim)
-        .filter(|b| !b.is_empty());
-    if let Some(base) = base_rev
-        && current_rev.as_deref() != Some(base)
-        && !current_rev
-            .as_deref()
-            .is_some_and(|r| r.starts_with(base) && base.len() >= 7)
-    {
-        return Err(ToolError::new(
-            ErrorCode::StalePlan,
-            format!(
-                "{path} changed since rev {base}: it is now {}",
-                current_rev.as_deref().unwrap_or("deleted")
-            ),
-            "read the page again and re-plan the edit against its current text",
-        )
-        .with_detail("current_rev", current_rev.clone()));
-    }
-    if command == WriteCommand::Create && current.is_none() {
-        refuse_name_collision(store, &workspace, &path)?;
-    }
-    let current_text = current.as_deref().map(String::from_utf8_lossy);
-    let new_text = apply_command(
-        command_name,
-        &path,
-        current_text.as_deref(),
-        &payload,
-        params.old_str.as_deref(),
-    )
-    .map_err(|e| {
-        if command == WriteCommand::Create && e.code == ErrorCode::InvalidArgument {
-            e.with_detail("rev", current_rev.clone())
-        } else {
-            e
+        .filter(|b| !b.is_empty())
+        .map(str::to_owned);
+    let old_str = params.old_str.clone();
+    let prepare_workspace = workspace.clone();
+    let prepare = move |store: &Store| -> ToolResult<(Manifest, String)> {
+        let path = prepared_path;
+        let workspace = prepare_workspace;
+        crash_point("after_lock");
+        let current = read_current(&target)?;
+        let current_rev = current.as_deref().map(revision);
+        if let Some(base) = base_rev.as_deref()
+            && current_rev.as_deref() != Some(base)
+            && !current_rev
+                .as_deref()
+                .is_some_and(|r| r.starts_with(base) && base.len() >= 7)
+        {
+            return Err(ToolError::new(
+                ErrorCode::StalePlan,
+                format!(
+                    "{path} changed since rev {base}: it is now {}",
+                    current_rev.as_deref().unwrap_or("deleted")
+                ),
+                "read the page again and re-plan the edit against its current text",
+            )
+            .with_detail("current_rev", current_rev.clone()));
         }
-    })?;
-    if new_text.len() > MAX_PAGE_BYTES {
-        return Err(ToolError::new(
-            ErrorCode::TooLarge,
-            format!(
-                "the page would be {} bytes; a page may have at most {MAX_PAGE_BYTES}",
-                new_text.len()
-            ),
-            "split it into several pages",
-        ));
-    }
-    let new_rev = revision(new_text.as_bytes());
-    write_durably(&dir.join("final"), new_text.as_bytes())
-        .map_err(|e| io_error("preparing the write", e))?;
-    manifest.state = RunState::Prepared;
-    manifest.old_rev = current_rev;
-    manifest.new_rev = Some(new_rev.clone());
-    manifest.summary = format!("{command_name} {path}");
-    manifest.pinned_base = base_rev.is_some();
-    save_manifest(&dir, &manifest)?;
-    let completed = finish(store, &manifest, lock, cleanup)?;
+        if command == WriteCommand::Create && current.is_none() {
+            refuse_name_collision(store, &workspace, &path)?;
+        }
+        let current_text = current.as_deref().map(String::from_utf8_lossy);
+        let new_text = apply_command(
+            command_name,
+            &path,
+            current_text.as_deref(),
+            &payload,
+            old_str.as_deref(),
+        )
+        .map_err(|e| {
+            if command == WriteCommand::Create && e.code == ErrorCode::InvalidArgument {
+                e.with_detail("rev", current_rev.clone())
+            } else {
+                e
+            }
+        })?;
+        if new_text.len() > MAX_PAGE_BYTES {
+            return Err(ToolError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "the page would be {} bytes; a page may have at most {MAX_PAGE_BYTES}",
+                    new_text.len()
+                ),
+                "split it into several pages",
+            ));
+        }
+        let new_rev = revision(new_text.as_bytes());
+        write_durably(&dir.join("final"), new_text.as_bytes())
+            .map_err(|e| io_error("preparing the write", e))?;
+        manifest.state = RunState::Prepared;
+        manifest.old_rev = current_rev;
+        manifest.new_rev = Some(new_rev);
+        manifest.summary = format!("{command_name} {path}");
+        manifest.pinned_base = base_rev.is_some();
+        save_manifest(&dir, &manifest)?;
+        Ok((manifest, new_text))
+    };
+    let (completed, new_text) = submit(store, &workspace, &run_id, cleanup, prepare)?;
+    let planned_rev = revision(new_text.as_bytes());
     let commit = completed.commit;
     // An outside save found when the page was swapped in: the write was applied on
     // top of it, so the page's text is not `new_text`.
-    let new_rev = completed.rev.unwrap_or(new_rev);
-    let title = if Some(new_rev.as_str()) == manifest.new_rev.as_deref() {
+    let new_rev = completed.rev.unwrap_or_else(|| planned_rev.clone());
+    let title = if new_rev == planned_rev {
         markdown::title(&new_text)
     } else {
         fs::read_to_string(&absolute)

@@ -54,24 +54,46 @@ impl Durable {
         self.files.is_empty() && self.dirs.is_empty()
     }
 
-    /// fdatasync every file, then fsync every directory. A file gone meanwhile (an
-    /// editor replaced the page, a run directory removed) has nothing left to flush.
+    /// fdatasync every file, then fsync every directory. The calls are made from a few
+    /// threads at once: the file system commits its journal once for all the calls
+    /// waiting at that moment, instead of once per call in turn. A file gone meanwhile
+    /// (an editor replaced the page) has nothing left to flush.
     pub fn flush(&self) -> std::io::Result<()> {
-        for file in &self.files {
-            match File::open(file) {
-                Ok(handle) => handle.sync_data()?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-        for dir in &self.dirs {
-            match File::open(dir) {
-                Ok(handle) => handle.sync_all()?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        let files: Vec<&PathBuf> = self.files.iter().collect();
+        sync_all_of(&files, false)?;
+        let dirs: Vec<&PathBuf> = self.dirs.iter().collect();
+        sync_all_of(&dirs, true)
+    }
+}
+
+/// Most threads one flush uses.
+const FLUSH_THREADS: usize = 8;
+
+fn sync_all_of(paths: &[&PathBuf], dirs: bool) -> std::io::Result<()> {
+    if paths.len() <= 1 {
+        return paths.iter().try_for_each(|path| sync_one(path, dirs));
+    }
+    let threads = paths.len().min(FLUSH_THREADS);
+    let chunk = paths.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = paths
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().try_for_each(|p| sync_one(p, dirs))))
+            .collect();
+        handles.into_iter().try_for_each(|handle| {
+            handle
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a flush thread panicked")))
+        })
+    })
+}
+
+fn sync_one(path: &Path, dir: bool) -> std::io::Result<()> {
+    match File::open(path) {
+        Ok(handle) if dir => handle.sync_all(),
+        Ok(handle) => handle.sync_data(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -83,7 +105,11 @@ mod tests {
     fn parents_stop_at_the_top() {
         let mut durable = Durable::default();
         durable.parents_up_to(Path::new("/w/wiki/a/b/p.md"), Path::new("/w/wiki"));
-        let dirs: Vec<_> = durable.dirs.iter().map(|d| d.display().to_string()).collect();
+        let dirs: Vec<_> = durable
+            .dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
         assert_eq!(dirs, ["/w/wiki", "/w/wiki/a", "/w/wiki/a/b"]);
     }
 

@@ -421,14 +421,13 @@ impl<'r> Session<'r> {
         for id in ids {
             let hex = id.to_string();
             // Already packed (or written by someone else): no loose file, nothing to do.
-            self.written
-                .file(objects.join(&hex[..2]).join(&hex[2..]));
+            self.written.file(objects.join(&hex[..2]).join(&hex[2..]));
         }
         self.written.dir(objects);
         let head = repo.find_reference("HEAD")?;
         if let Some(name) = head.symbolic_target()? {
             let git_dir = repo.path();
-            let file = git_dir.join(&name);
+            let file = git_dir.join(name);
             self.written.parents_up_to(&file, &git_dir.join("refs"));
             self.written.file(file);
         }
