@@ -36,7 +36,7 @@ struct Args {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Concurrent writer counts, comma-separated
-    #[arg(long, default_value = "1,4,8", value_delimiter = ',')]
+    #[arg(long, default_value = "1,8,32", value_delimiter = ',')]
     writers: Vec<usize>,
     /// Only generate the corpus of the first size into this workspace directory
     /// (its raw/ and wiki/), then exit: for profiling by hand

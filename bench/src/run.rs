@@ -545,7 +545,7 @@ fn corpus_size(
     shim.close()?;
 
     for &writers in &settings.writers {
-        let rate = concurrent_writes(settings, &home, &corpus, writers)?;
+        let (rate, each) = concurrent_writes(settings, &home, &corpus, writers)?;
         out.rows.push(
             Row::new(
                 &format!("committed writes/s, {writers} concurrent writers"),
@@ -554,6 +554,16 @@ fn corpus_size(
                 Figure::PerSecond(rate),
             )
             .note("one shim per writer, each creating cited pages"),
+        );
+        out.rows.push(
+            latency(
+                &format!("write create, {writers} concurrent writers"),
+                &label,
+                "shim",
+                each,
+            )
+            .floor("fsync", floor.p50)
+            .note("each write's answer time while the others write too"),
         );
         if writers == 8 {
             figures.eight_writers = Some(rate);
@@ -727,13 +737,14 @@ fn spawn_to_initialize(home: &Home) -> Result<Duration> {
     Ok(elapsed)
 }
 
-/// `writers` shims creating pages at once; committed writes per second.
+/// `writers` shims creating pages at once; committed writes per second, and the
+/// latency of each write.
 fn concurrent_writes(
     settings: &Settings,
     home: &Home,
     corpus: &Corpus,
     writers: usize,
-) -> Result<f64> {
+) -> Result<(f64, Summary)> {
     let per_writer = (settings.iterations / 4).max(5);
     let mut shims = Vec::with_capacity(writers);
     for _ in 0..writers {
@@ -746,23 +757,27 @@ fn concurrent_writes(
             .enumerate()
             .map(|(t, mut shim)| {
                 let barrier = &barrier;
-                scope.spawn(move || -> Result<()> {
+                scope.spawn(move || -> Result<Vec<Duration>> {
                     barrier.wait();
+                    let mut times = Vec::with_capacity(per_writer);
                     for j in 0..per_writer {
+                        let started = Instant::now();
                         shim.call_tool(
                             "write",
                             json!({"command": "create",
                                    "path": format!("wiki/bench/w{writers}-t{t}-{j:04}.md"),
                                    "content": cited_text(corpus, j, true)}),
                         )?;
+                        times.push(started.elapsed());
                     }
-                    shim.close()
+                    shim.close()?;
+                    Ok(times)
                 })
             })
             .collect();
         barrier.wait();
         let started = Instant::now();
-        let results: Vec<Result<()>> = handles
+        let results: Vec<Result<Vec<Duration>>> = handles
             .into_iter()
             .map(|h| {
                 h.join()
@@ -771,10 +786,12 @@ fn concurrent_writes(
             .collect();
         (started.elapsed(), results)
     });
+    let mut times = Vec::with_capacity(writers * per_writer);
     for result in results {
-        result?;
+        times.extend(result?);
     }
-    Ok((writers * per_writer) as f64 / elapsed.as_secs_f64())
+    let each = Summary::of(&mut times).ok_or_else(|| anyhow!("no writes were timed"))?;
+    Ok(((writers * per_writer) as f64 / elapsed.as_secs_f64(), each))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -975,7 +992,7 @@ fn notes() -> Vec<String> {
         "`via`: `shim` is `alexandria mcp serve --workspace bench` driven over its stdin/stdout; `socket` is a client on the daemon's Unix socket doing the shim's `Hello` handshake itself; `echo` is a bare Unix-socket echo in the benchmark process; `http` is Streamable HTTP on 127.0.0.1 (when the daemon reports an address).",
         "Floors: the ping round trip on the same transport for tools; the socket (and the echo) for the shim; process spawn → first byte for cold starts; 4 KiB write + fsync for writes; reading every page file for the cold index; a restart without edits for the restart catch-up.",
         "Cold index: spawn `alexandriad` on the fresh corpus → its ready notice → connect → first `search` answer, which waits for the start-up catch-up to finish indexing every file (`guide` answers at once and says \"indexing, N of M\").",
-        "Writes go through the whole path: citations checked against raw/ (PDF page counts), staged, locked, committed to git, indexed, and `syncfs`ed before the answer.",
+        "Writes go through the whole path: citations checked against raw/ (PDF page counts), staged, locked, committed to git, indexed, and flushed (fsync of the files written, git's objects, ref and index, and the SQLite WAL) before the answer.",
         "The live catch-up includes up to one rescan interval of waiting, so it measures what a user sees, not the indexing work; the restart row isolates the work.",
     ]
     .iter()
