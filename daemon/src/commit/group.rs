@@ -9,7 +9,8 @@
 //! commit per write, so history and runs keep a commit id per write — all inside one
 //! git session (`.git/index.lock` taken once, git's index written once). Then one
 //! SQLite transaction records every run, the lock is released and one flush makes the
-//! whole group durable. Only then is each writer answered; jobs queued meanwhile form
+//! whole group durable (one `syncfs`, or with `[write] flush_files` an fsync of each file
+//! and folder the group wrote: `Durable`). Only then is each writer answered; jobs queued meanwhile form
 //! the next group under a new leader.
 //!
 //! A job that fails (a plan that no longer holds, `stale_plan`, a full disk) is answered
@@ -324,7 +325,11 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
     durable.file(wal_file(store));
     drop(lock);
     crash_point("before_flush");
-    let flushed = durable.flush().map_err(|e| io_error("flushing to disk", e));
+    let flushed = if store.config.write.flush_files {
+        durable.flush().map_err(|e| io_error("flushing to disk", e))
+    } else {
+        flush_to_disk(store, workspace)
+    };
     crash_point("after_flush");
     for member in members {
         drop(member.cleanup);

@@ -928,8 +928,7 @@ pub fn lock_workspace<'a>(
 }
 
 /// Make everything written so far durable with one `syncfs` of the home's file system
-/// (ingest and source captures, which write many files; a write flushes only what it
-/// wrote: `Completed::durable`).
+/// (a group of writes, unless `[write] flush_files`; ingest; source captures).
 pub(crate) fn flush_to_disk(store: &Store, workspace: &str) -> ToolResult<()> {
     let dir =
         File::open(store.workspace_dir(workspace)).map_err(|e| io_error("flushing to disk", e))?;
