@@ -185,6 +185,11 @@ pub fn start(store: &Arc<Store>) {
         tracing::info!("search uses FTS5 (ALEXANDRIA_SEARCH_INDEX=on enables the tantivy index)");
         return;
     }
+    start_engine(store);
+}
+
+/// Open the index and start its indexer thread, whatever the environment says.
+fn start_engine(store: &Arc<Store>) {
     let store = Arc::clone(store);
     let spawned = std::thread::Builder::new()
         .name("search-index".into())
@@ -992,7 +997,7 @@ mod tests {
             std::fs::write(wiki.join(name), text).expect("write");
         }
         super::super::catch_up(&store, "global").expect("catch up");
-        start(&store);
+        start_engine(&store);
         wait_until_committed(&store);
         let engine = get(&store).expect("engine");
         let connection = store.pool.get().expect("conn");
