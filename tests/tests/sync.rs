@@ -477,6 +477,14 @@ async fn a_daemon_killed_mid_sync_completes_it_on_restart() -> anyhow::Result<()
     let url = file_url(&remote);
     a.ok(&["workspace", "create", "notes"]);
     a.ok(&["workspace", "remote", "notes", &url]);
+    // No background sync on A (it runs at every start): the sync that meets the fault
+    // point must be the CLI's, not one the restarted daemon began by itself (which
+    // crashed, was completed by the next start, and left the CLI's nothing to do).
+    let unset = git_output(
+        &a.workspace_dir("notes"),
+        &["config", "--unset", "alexandria.syncbranch"],
+    );
+    assert!(unset.status.success(), "{unset:?}");
     a.ok(&["sync", "notes"]);
     b.ok(&["workspace", "clone", &url, "notes"]);
     let points = [
