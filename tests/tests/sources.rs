@@ -599,7 +599,18 @@ fn folder_source_captures_new_files_by_itself_and_only_the_delta() {
         std::fs::read_to_string(ws.join("raw/sources/inbox/first.md")).expect("old"),
         "# First\n\nquetzal one\n"
     );
-    assert_eq!(items(&env, "lab", Some("captured")).len(), 4);
+    // The file is renamed in just before the commit records the item: wait for that.
+    assert!(
+        wait_until(Duration::from_secs(5), || items(
+            &env,
+            "lab",
+            Some("captured")
+        )
+        .len()
+            == 4),
+        "{:?}",
+        items(&env, "lab", None)
+    );
     // A sync now finds nothing new.
     let out = env.ok(&["source", "sync", "lab", "inbox"]);
     assert!(out.contains("0 new"), "{out}");
