@@ -5,8 +5,9 @@
 //! 1. close the socket and remove its file: new clients see no daemon, find the
 //!    pidfile locked, and wait for this process to exit;
 //! 2. admit no new request (`daemon_stopping`: not started, send it again), let the
-//!    requests admitted finish and be answered (≤ `DRAIN_GRACE`), then tell every MCP
-//!    connection that nothing it still waits for was started;
+//!    requests admitted finish and be answered (≤ `DRAIN_GRACE`; HTTP tool calls are
+//!    counted too), then tell every MCP connection that nothing it still waits for was
+//!    started;
 //! 3. finish HTTP (≤ `HTTP_SHUTDOWN_GRACE`) and git's index;
 //! 4. stop the runtime, which waits for blocking work still running;
 //! 5. remove the pidfile and exit: the kernel releases the lock with the process, so
@@ -198,7 +199,11 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     }
     // 3. HTTP (its graceful shutdown ran meanwhile).
     if let Some(mut server) = http_server {
-        let left = HTTP_SHUTDOWN_GRACE.saturating_sub(stopping.elapsed());
+        // At least a moment, even after a long drain: the last answers may still be in
+        // the connections' write buffers.
+        let left = HTTP_SHUTDOWN_GRACE
+            .saturating_sub(stopping.elapsed())
+            .max(Duration::from_secs(1));
         if tokio::time::timeout(left, &mut server).await.is_err() {
             tracing::warn!("HTTP connections still open at shutdown; closing them");
             server.abort();

@@ -28,8 +28,18 @@ impl Drop for Daemon {
 
 /// Run `alexandriad` with `args`; its first stdout line is the startup notice.
 pub fn start_daemon(home: &Path, args: &[&str]) -> Result<Daemon, String> {
+    start_daemon_with(home, args, &[])
+}
+
+/// `start_daemon` with more environment (`ALEXANDRIA_FAULTS`, …).
+pub fn start_daemon_with(
+    home: &Path,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> Result<Daemon, String> {
     let mut command = Command::new(bin_path("alexandriad"));
     isolate(&mut command, home);
+    command.envs(vars.iter().copied());
     let mut child = command
         .args(args)
         .stdin(Stdio::null())

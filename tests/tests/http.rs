@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use alexandria_tests::http::{
     JSON, MCP_ACCEPT, call_tool, cli, cli_json, http, initialize_body, mint, open_session,
-    start_daemon,
+    start_daemon, start_daemon_with,
 };
-use alexandria_tests::short_tempdir;
+use alexandria_tests::{short_tempdir, wait_until};
 use serde_json::{Value, json};
 
 fn seed(home: &Path) {
@@ -472,5 +472,70 @@ fn non_loopback_bind_needs_tokens() {
     assert_eq!(
         http(&daemon.address, "GET", "/mcp/global/health", &[], "").status,
         401
+    );
+}
+
+/// A tool call over HTTP that is running when the daemon is told to stop is finished and
+/// answered before the daemon exits (as on the Unix socket), and a request that arrives
+/// on an open connection after the stop began is refused as not started (503), never
+/// cut off half-way.
+#[test]
+fn an_http_call_in_flight_is_answered_at_a_stop() {
+    let home = short_tempdir();
+    seed(home.path());
+    let mut daemon = start_daemon_with(
+        home.path(),
+        &["--port", "0"],
+        &[("ALEXANDRIA_FAULTS", "delay:write:1500")],
+    )
+    .expect("daemon starts");
+    let session = open_session(&daemon.address, "/mcp", None);
+    let address = daemon.address.clone();
+    let call = std::thread::spawn(move || {
+        call_tool(
+            &address,
+            "/mcp",
+            &session,
+            None,
+            "write",
+            json!({"workspace": "global", "command": "create", "path": "wiki/inflight.md",
+                "content": "# In flight\n\nWritten while the daemon stopped.\n"}),
+        )
+    });
+    // The write has reached the tool (it sleeps there for the fault's 1.5 s).
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let status = cli_json(home.path(), &["daemon", "status", "--json"]);
+            status["sessions"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s["calls"].as_u64() >= Some(1)))
+        }),
+        "the write never reached the daemon"
+    );
+    let pid = daemon.child.id();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+
+    let (code, message) = call.join().expect("the call thread");
+    assert_eq!(code, 200, "the write's HTTP status");
+    assert_eq!(
+        message["result"]["isError"],
+        Value::Bool(false),
+        "the write in flight was not answered: {message}"
+    );
+    let exited = daemon.child.wait().expect("the daemon exits");
+    assert!(exited.success(), "{exited:?}");
+    // It was committed, not only answered.
+    let log = std::process::Command::new("git")
+        .args(["log", "--format=%s", "--", "wiki/inflight.md"])
+        .current_dir(home.path().join("workspaces/global"))
+        .output()
+        .expect("git log");
+    assert!(
+        !String::from_utf8_lossy(&log.stdout).trim().is_empty(),
+        "the acknowledged write is not in git"
     );
 }

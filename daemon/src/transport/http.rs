@@ -122,12 +122,17 @@ pub async fn serve(listener: TcpListener, context: Arc<DaemonContext>, config: &
         cancel.clone(),
     ));
     let router = axum::Router::new().fallback(entry).with_state(app);
+    let inflight = Arc::clone(&context.inflight);
     http_limits::serve(
         listener,
         router,
         Limits::from_config(config),
         context.shutdown_signal(),
         cancel,
+        async move {
+            // Bounded by the daemon's own drain (`lifecycle`), which aborts us after it.
+            inflight.drained().await;
+        },
     )
     .await;
 }
@@ -579,7 +584,7 @@ async fn route_request(app: &Arc<App>, request: Request, source: String) -> Resp
                 Ok(request) => request,
                 Err(response) => return response,
             };
-            forward(&service, request).await
+            forward(&app.context, &service, request).await
         }
         Route::Pinned(slug) => {
             let grant = match admit_to_workspace(app, request.headers(), slug) {
@@ -591,7 +596,7 @@ async fn route_request(app: &Arc<App>, request: Request, source: String) -> Resp
                 Err(response) => return response,
             };
             let service = app.pinned_service(slug);
-            forward(&service, request).await
+            forward(&app.context, &service, request).await
         }
         Route::WorkspaceHealth(slug) => {
             if let Err(denial) = admit_to_workspace(app, request.headers(), slug) {
@@ -709,8 +714,31 @@ fn workspace_exists(app: &App, slug: &str) -> Result<(), Denial> {
     }
 }
 
-async fn forward(endpoint: &McpService, mut request: Request) -> Response {
+async fn forward(context: &DaemonContext, endpoint: &McpService, mut request: Request) -> Response {
     let method = request.method().clone();
+    // A POST (a tool call, above all) counts as in flight from the moment its body has
+    // arrived whole until its answer is sent, as on the Unix socket: a stop waits for
+    // it. Once the stop began it is refused as never started. (A body still arriving
+    // is not started: a stop does not wait for a slow sender.)
+    let guard = if method == Method::POST {
+        let (parts, body) = request.into_parts();
+        let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                return plain(
+                    StatusCode::BAD_REQUEST,
+                    "the request body could not be read (too large, or cut off)",
+                );
+            }
+        };
+        request = Request::from_parts(parts, Body::from(bytes));
+        match context.inflight.try_begin() {
+            Some(guard) => Some(guard),
+            None => return daemon_stopping(),
+        }
+    } else {
+        None
+    };
     if method == Method::DELETE
         && let Some(id) = request
             .headers()
@@ -732,6 +760,28 @@ async fn forward(endpoint: &McpService, mut request: Request) -> Response {
     if method == Method::DELETE && response.status() == StatusCode::ACCEPTED {
         *response.status_mut() = StatusCode::NO_CONTENT;
     }
+    match guard {
+        Some(guard) => {
+            let (parts, body) = response.into_parts();
+            Response::from_parts(parts, Body::new(http_limits::GuardedBody::new(body, guard)))
+        }
+        None => response,
+    }
+}
+
+/// 503 for a request that arrived after the daemon began to stop: it was not started.
+fn daemon_stopping() -> Response {
+    let mut response = json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        json!({
+            "error": "daemon_stopping",
+            "message": "alexandriad is stopping; this request was not started",
+            "hint": "send it again in a moment (the daemon restarts on the next connection)",
+        }),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
     response
 }
 

@@ -85,12 +85,15 @@ struct Table {
 
 /// Serve `router` on `listener` until `shutdown`; then stop accepting, let requests in
 /// flight finish (the caller bounds how long) and close idle connections.
+/// `drained` returns once the tool calls in flight are answered (bounded by the caller):
+/// only then are the SSE streams ended, so no answer is cut off.
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
     stop_streams: CancellationToken,
+    drained: impl std::future::Future<Output = ()>,
 ) {
     let table: Arc<Mutex<Table>> = Arc::default();
     let epoch = Instant::now();
@@ -163,10 +166,12 @@ pub async fn serve(
         });
     }
     // Stopping: no new connections; idle ones close now, busy ones after their
-    // response (SSE streams are ended by `stop_streams`).
+    // response. The calls in flight are answered first, then the SSE streams (a
+    // session's standalone stream, a call's stream) are ended by `stop_streams`.
     drop(listener);
-    stop_streams.cancel();
     stopping.cancel();
+    drained.await;
+    stop_streams.cancel();
     while tasks.join_next().await.is_some() {}
 }
 
@@ -206,10 +211,7 @@ async fn serve_connection(
             let (parts, body) = response.into_parts();
             Ok::<_, Infallible>(Response::from_parts(
                 parts,
-                Body::new(GuardedBody {
-                    inner: body,
-                    _guard: guard,
-                }),
+                Body::new(GuardedBody::new(body, guard)),
             ))
         }
     });
@@ -280,13 +282,23 @@ impl Drop for BusyGuard {
     }
 }
 
-/// A response body that keeps its request counted until it ends.
-struct GuardedBody {
+/// A response body that keeps its request counted (by `G`, dropped with the body)
+/// until it ends.
+pub struct GuardedBody<G> {
     inner: Body,
-    _guard: BusyGuard,
+    _guard: G,
 }
 
-impl HttpBody for GuardedBody {
+impl<G> GuardedBody<G> {
+    pub fn new(inner: Body, guard: G) -> GuardedBody<G> {
+        GuardedBody {
+            inner,
+            _guard: guard,
+        }
+    }
+}
+
+impl<G: Send + Unpin + 'static> HttpBody for GuardedBody<G> {
     type Data = Bytes;
     type Error = axum::Error;
 
