@@ -47,6 +47,12 @@ struct Args {
     /// writes no report
     #[arg(long, value_name = "WRITES")]
     rebuild: Option<usize>,
+    /// Only measure the read-only tools (search, read, guide, history) over the shim
+    /// and HTTP, for each size, after the cold index; prints the table and writes no
+    /// report. With ALEXANDRIA_BENCH_HOOK=<command> each tool is then run again between
+    /// `<command> begin|end <case> <daemon pid> <calls>`, for profiling by hand
+    #[arg(long)]
+    tools: bool,
     /// Only measure sync through a git remote (issue 12), for each size: first push,
     /// clone, and a sync of this many commits made elsewhere; prints the table and
     /// writes no report
@@ -106,6 +112,11 @@ fn run_main() -> Result<()> {
                 writes,
             )?);
         }
+        print_results(&report::table(&rows), "");
+        return Ok(());
+    }
+    if args.tools {
+        let rows = run::tools(&settings, &binaries)?;
         print_results(&report::table(&rows), "");
         return Ok(());
     }

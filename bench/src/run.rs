@@ -357,27 +357,7 @@ fn corpus_size(
 ) -> Result<SizeFigures> {
     let label = size_label(pages);
     let mut figures = SizeFigures::default();
-    let mut home = Home::new(binaries)?;
-    home.cli(&["init"])?;
-    home.cli(&["workspace", "create", SLUG])?;
-    home.stop_daemon()?;
-    let workspace = home.workspace_dir(SLUG);
-    progress(&format!("[{label}] generating {pages} pages"));
-    let started = Instant::now();
-    let corpus = corpus::generate(settings.seed, pages, &workspace)?;
-    progress(&format!(
-        "[{label}] generated {} MiB, {} words in {}; committing to git",
-        corpus.bytes / (1024 * 1024),
-        corpus.words,
-        format_duration(started.elapsed())
-    ));
-    let started = Instant::now();
-    git(&workspace, &["add", "-A"])?;
-    git(&workspace, &["commit", "-q", "-m", "benchmark corpus"])?;
-    progress(&format!(
-        "[{label}] committed in {}; cold index",
-        format_duration(started.elapsed())
-    ));
+    let (mut home, workspace, corpus) = corpus_home(settings, binaries, pages)?;
 
     // Cold index: the daemon's start-up catch-up indexes everything; the first tool
     // call waits for it.
@@ -465,24 +445,7 @@ fn corpus_size(
 
     // Correct answers before fast ones: the planted words are found as planted.
     progress(&format!("[{label}] checking planted words"));
-    for marker in &corpus.markers {
-        let found = hit_count(&mut direct, &marker.word)?;
-        if found != marker.pages {
-            bail!(
-                "search for the marker {} found {found} hits, {} were planted",
-                marker.word,
-                marker.pages
-            );
-        }
-    }
-    let phrase = format!("\"{}\"", corpus.phrase);
-    let phrase_hits = hit_count(&mut direct, &phrase)?;
-    if phrase_hits < corpus.phrase_pages.min(1000) {
-        bail!(
-            "the phrase {phrase} was found {phrase_hits} times, planted in {} pages",
-            corpus.phrase_pages
-        );
-    }
+    check_planted(&mut direct, &corpus)?;
     drop(direct);
 
     // The web view's pages (issue 11), checked before timed.
@@ -573,7 +536,8 @@ fn corpus_size(
     // Read-only tools, over the shim and over HTTP when served.
     progress(&format!("[{label}] read-only tools"));
     let mut shim = home.shim(SLUG)?;
-    let shim_rows = tool_latencies(settings, &mut shim, &corpus, &label, "shim")?;
+    let pid = home.daemon_pid();
+    let shim_rows = tool_latencies(settings, &mut shim, &corpus, &label, "shim", pid)?;
     shim.close()?;
     for (row, kind) in shim_rows {
         match kind {
@@ -592,7 +556,7 @@ fn corpus_size(
             // An HTTP failure is reported in the table rather than ending the run.
             let measured = Http::connect(&address, SLUG).and_then(|mut http| {
                 http.initialize()?;
-                tool_latencies(settings, &mut http, &corpus, &label, "http")
+                tool_latencies(settings, &mut http, &corpus, &label, "http", pid)
             });
             match measured {
                 Ok(rows) => out.rows.extend(rows.into_iter().map(|(row, _)| row)),
@@ -699,6 +663,100 @@ fn corpus_size(
     Ok(figures)
 }
 
+/// A home whose benchmark workspace holds a generated corpus of `pages` pages,
+/// committed to git with the git CLI; the daemon is stopped.
+fn corpus_home(
+    settings: &Settings,
+    binaries: &Binaries,
+    pages: usize,
+) -> Result<(Home, std::path::PathBuf, Corpus)> {
+    let label = size_label(pages);
+    let mut home = Home::new(binaries)?;
+    home.cli(&["init"])?;
+    home.cli(&["workspace", "create", SLUG])?;
+    home.stop_daemon()?;
+    let workspace = home.workspace_dir(SLUG);
+    progress(&format!("[{label}] generating {pages} pages"));
+    let started = Instant::now();
+    let corpus = corpus::generate(settings.seed, pages, &workspace)?;
+    progress(&format!(
+        "[{label}] generated {} MiB, {} words in {}; committing to git",
+        corpus.bytes / (1024 * 1024),
+        corpus.words,
+        format_duration(started.elapsed())
+    ));
+    let started = Instant::now();
+    git(&workspace, &["add", "-A"])?;
+    git(&workspace, &["commit", "-q", "-m", "benchmark corpus"])?;
+    progress(&format!(
+        "[{label}] committed in {}; cold index",
+        format_duration(started.elapsed())
+    ));
+    Ok((home, workspace, corpus))
+}
+
+/// Search finds every planted marker word in exactly the pages it was planted in, and
+/// the planted phrase at least as often.
+fn check_planted(client: &mut dyn Mcp, corpus: &Corpus) -> Result<()> {
+    for marker in &corpus.markers {
+        let found = hit_count(client, &marker.word)?;
+        if found != marker.pages {
+            bail!(
+                "search for the marker {} found {found} hits, {} were planted",
+                marker.word,
+                marker.pages
+            );
+        }
+    }
+    let phrase = format!("\"{}\"", corpus.phrase);
+    let phrase_hits = hit_count(client, &phrase)?;
+    if phrase_hits < corpus.phrase_pages.min(1000) {
+        bail!(
+            "the phrase {phrase} was found {phrase_hits} times, planted in {} pages",
+            corpus.phrase_pages
+        );
+    }
+    Ok(())
+}
+
+/// `--tools`: only the read-only tools' latencies (over the shim, and HTTP when
+/// served) at each size, after the cold index and the planted-word check.
+pub fn tools(settings: &Settings, binaries: &Binaries) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &pages in &settings.sizes {
+        let label = size_label(pages);
+        let (mut home, _workspace, corpus) = corpus_home(settings, binaries, pages)?;
+        home.start_daemon()?;
+        let mut direct = home.direct(SLUG)?;
+        wait_for_index(&mut direct)?;
+        wait_for_search_index(&mut direct)?;
+        progress(&format!("[{label}] checking planted words"));
+        check_planted(&mut direct, &corpus)?;
+        drop(direct);
+        let pid = home.daemon_pid();
+        progress(&format!("[{label}] read-only tools over the shim"));
+        let mut shim = home.shim(SLUG)?;
+        rows.extend(
+            tool_latencies(settings, &mut shim, &corpus, &label, "shim", pid)?
+                .into_iter()
+                .map(|(row, _)| row),
+        );
+        shim.close()?;
+        if let Some(address) = home.http_address()? {
+            progress(&format!("[{label}] read-only tools over HTTP"));
+            let mut http = Http::connect(&address, SLUG)?;
+            http.initialize()?;
+            rows.extend(
+                tool_latencies(settings, &mut http, &corpus, &label, "http", pid)?
+                    .into_iter()
+                    .map(|(row, _)| row),
+            );
+        }
+        home.stop_daemon()?;
+    }
+    Ok(rows)
+}
+
 /// Append a line with `word` to each page, as an editor would.
 fn append_to_pages(workspace: &Path, pages: &[&String], word: &str) -> Result<()> {
     for page in pages {
@@ -801,18 +859,65 @@ enum Kind {
     Other,
 }
 
-/// The read-only tools' latencies on one transport, with its ping as the floor.
+/// The read-only tools' latencies on one transport. Each tool is timed round-robin
+/// with a ping on the same transport, so a noisy machine slows both alike: the ping
+/// is the row's floor and p50 − ping p50 is the server's own time for the call.
 fn tool_latencies(
     settings: &Settings,
     client: &mut dyn Mcp,
     corpus: &Corpus,
     label: &str,
     via: &str,
+    daemon_pid: Option<u32>,
 ) -> Result<Vec<(Row, Kind)>> {
     let ping = measure(settings.ping_plan(), |_| {
         client.ping()?;
         Ok(None)
     })?;
+    let mut rows = vec![(
+        latency("ping round trip", label, via, ping).note("floor of the tool rows below"),
+        Kind::Other,
+    )];
+    let cases = tool_cases(corpus)?;
+    for case in &cases {
+        let cell = std::cell::RefCell::new(&mut *client);
+        let mut i = 0;
+        let mut ping_step = || cell.borrow_mut().ping();
+        let mut tool_step = || {
+            i += 1;
+            cell.borrow_mut()
+                .call_tool(case.tool, (case.args)(i))
+                .map(drop)
+        };
+        let summaries =
+            measure_interleaved(settings.tool_plan(), &mut [&mut ping_step, &mut tool_step])
+                .with_context(|| format!("{} over {via}", case.figure))?;
+        let [floor, summary] = summaries[..] else {
+            bail!("expected two summaries");
+        };
+        rows.push((
+            latency(&case.figure, label, via, summary)
+                .floor("ping", floor.p50)
+                .note(format!(
+                    "server time over the ping: {}",
+                    format_duration(summary.p50.saturating_sub(floor.p50))
+                )),
+            case.kind,
+        ));
+    }
+    profile_hook(settings, client, &cases, via, daemon_pid)?;
+    Ok(rows)
+}
+
+/// One read-only tool call the benchmark times: its row name, tool and arguments.
+struct ToolCase {
+    figure: String,
+    tool: &'static str,
+    kind: Kind,
+    args: Box<dyn Fn(usize) -> Value>,
+}
+
+fn tool_cases(corpus: &Corpus) -> Result<Vec<ToolCase>> {
     let rare = corpus
         .marker(10)
         .or_else(|| corpus.markers.first())
@@ -820,14 +925,19 @@ fn tool_latencies(
         .clone();
     let dirs = corpus.pages.div_ceil(corpus::PAGES_PER_DIR);
     let phrase = format!("\"{}\"", corpus.phrase);
-    type Args = Box<dyn Fn(usize) -> Value>;
     let pages = corpus.page_paths.clone();
     let page_count = pages.len();
     let pdfs = corpus.pdfs.clone();
     let common = corpus.common_word.clone();
     let rare_word = rare.word.clone();
-    let cases: Vec<(String, &str, Kind, Args)> = vec![
-        (
+    let case = |figure: String, tool, kind, args: Box<dyn Fn(usize) -> Value>| ToolCase {
+        figure,
+        tool,
+        kind,
+        args,
+    };
+    Ok(vec![
+        case(
             format!(
                 "search, common word ({} of {} pages)",
                 corpus.common_pages, corpus.pages
@@ -836,31 +946,31 @@ fn tool_latencies(
             Kind::Search,
             Box::new(move |_| json!({"query": common})),
         ),
-        (
+        case(
             format!("search, rare word ({} pages)", rare.pages),
             "search",
             Kind::Search,
             Box::new(move |_| json!({"query": rare_word})),
         ),
-        (
+        case(
             format!("search, phrase (≥ {} pages)", corpus.phrase_pages),
             "search",
             Kind::Search,
             Box::new(move |_| json!({"query": phrase})),
         ),
-        (
+        case(
             "read, one page".into(),
             "read",
             Kind::Read,
             Box::new(move |i| json!({"path": pages[(i * 7919) % page_count]})),
         ),
-        (
+        case(
             "read, PDF pages 2-4".into(),
             "read",
             Kind::Read,
             Box::new(move |i| json!({"path": pdfs[i % pdfs.len()], "pages": "2-4"})),
         ),
-        (
+        case(
             "read, glob batch (10 pages, 40k chars)".into(),
             "read",
             Kind::Read,
@@ -869,35 +979,72 @@ fn tool_latencies(
                 json!({"path": format!("wiki/s{dir:04}/p{:05}*.md", dir * 10)})
             }),
         ),
-        (
+        case(
             "guide".into(),
             "guide",
             Kind::Other,
             Box::new(|_| json!({})),
         ),
-        (
+        case(
             "history (50 newest)".into(),
             "history",
             Kind::Other,
             Box::new(|_| json!({})),
         ),
-    ];
-    let mut rows = vec![(
-        latency("ping round trip", label, via, ping).note("floor of the tool rows below"),
-        Kind::Other,
-    )];
-    for (figure, tool, kind, args) in cases {
-        let summary = measure(settings.tool_plan(), |i| {
-            client.call_tool(tool, args(i))?;
-            Ok(None)
-        })
-        .with_context(|| format!("{figure} over {via}"))?;
-        rows.push((
-            latency(&figure, label, via, summary).floor("ping", ping.p50),
-            kind,
-        ));
+    ])
+}
+
+/// For profiling by hand: with `ALEXANDRIA_BENCH_HOOK=<command>` set, each case (and
+/// the ping) is run `iterations` more times untimed between `<command> begin <case>
+/// <daemon pid> <calls>` and `<command> end <case> <daemon pid> <calls>`, e.g. to zero
+/// and dump callgrind's counters or to start and stop `perf record -p`.
+fn profile_hook(
+    settings: &Settings,
+    client: &mut dyn Mcp,
+    cases: &[ToolCase],
+    via: &str,
+    daemon_pid: Option<u32>,
+) -> Result<()> {
+    let Some(hook) = std::env::var_os("ALEXANDRIA_BENCH_HOOK") else {
+        return Ok(());
+    };
+    let pid = daemon_pid.map(|p| p.to_string()).unwrap_or_default();
+    let calls = settings.iterations;
+    let run = |phase: &str, name: &str| -> Result<()> {
+        let status = Command::new(&hook)
+            .args([phase, name, &pid, &calls.to_string()])
+            .status()
+            .with_context(|| format!("cannot run the hook {}", hook.to_string_lossy()))?;
+        if !status.success() {
+            bail!("the hook failed ({status}) at {phase} {name}");
+        }
+        Ok(())
+    };
+    let slug = |figure: &str| {
+        let mut name: String = figure
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        while name.contains("--") {
+            name = name.replace("--", "-");
+        }
+        format!("{via}-{}", name.trim_matches('-'))
+    };
+    progress(&format!("profile hook: {calls} calls per case over {via}"));
+    run("begin", &slug("ping"))?;
+    for _ in 0..calls {
+        client.ping()?;
     }
-    Ok(rows)
+    run("end", &slug("ping"))?;
+    for case in cases {
+        let name = slug(&case.figure);
+        run("begin", &name)?;
+        for i in 0..calls {
+            client.call_tool(case.tool, (case.args)(i))?;
+        }
+        run("end", &name)?;
+    }
+    Ok(())
 }
 
 fn size_targets(per_size: &[(usize, SizeFigures)], targets: &mut Vec<Target>) {
