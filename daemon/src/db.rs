@@ -269,6 +269,45 @@ CREATE TABLE search_state (
 );
 INSERT INTO search_state(id, generation) VALUES (1, lower(hex(randomblob(16))));
 "#,
+    // 9: how many files each workspace has per layer, and how many of them are sync
+    // conflict pages (`<page>.conflict-<host>-<time>.md`), kept by trigger in the
+    // transaction that changes `files`, so that `guide` counts no rows per call
+    // (issue 15). The column is `ws`, not `workspace`: a workspace rename updates every
+    // table with a `workspace` column, and the `files` trigger moves the counts.
+    r#"
+CREATE TABLE file_counts (
+    ws TEXT NOT NULL,
+    layer TEXT NOT NULL,
+    files INTEGER NOT NULL,
+    conflicts INTEGER NOT NULL,
+    PRIMARY KEY (ws, layer)
+) WITHOUT ROWID;
+INSERT INTO file_counts(ws, layer, files, conflicts)
+    SELECT workspace, layer, count(*), sum(path LIKE '%.conflict-%')
+    FROM files GROUP BY workspace, layer;
+CREATE TRIGGER files_count_insert AFTER INSERT ON files BEGIN
+    INSERT INTO file_counts(ws, layer, files, conflicts)
+        VALUES (new.workspace, new.layer, 1, new.path LIKE '%.conflict-%')
+        ON CONFLICT(ws, layer) DO UPDATE SET files = files + 1,
+            conflicts = conflicts + (new.path LIKE '%.conflict-%');
+END;
+CREATE TRIGGER files_count_delete AFTER DELETE ON files BEGIN
+    UPDATE file_counts SET files = files - 1,
+        conflicts = conflicts - (old.path LIKE '%.conflict-%')
+        WHERE ws = old.workspace AND layer = old.layer;
+END;
+CREATE TRIGGER files_count_move AFTER UPDATE OF workspace, layer, path ON files
+    WHEN old.workspace IS NOT new.workspace OR old.layer IS NOT new.layer
+        OR old.path IS NOT new.path BEGIN
+    UPDATE file_counts SET files = files - 1,
+        conflicts = conflicts - (old.path LIKE '%.conflict-%')
+        WHERE ws = old.workspace AND layer = old.layer;
+    INSERT INTO file_counts(ws, layer, files, conflicts)
+        VALUES (new.workspace, new.layer, 1, new.path LIKE '%.conflict-%')
+        ON CONFLICT(ws, layer) DO UPDATE SET files = files + 1,
+            conflicts = conflicts + (new.path LIKE '%.conflict-%');
+END;
+"#,
 ];
 
 /// What opening `state.db` found and did, for the log and `daemon status`.
@@ -560,6 +599,9 @@ pub fn open(path: &Path, busy_timeout: Duration) -> Result<Pool, DbError> {
     let manager = SqliteConnectionManager::file(path).with_init(init);
     let pool = r2d2::Pool::builder()
         .max_size(8)
+        // A connection to a local file does not go bad while idle; checking it on every
+        // checkout ran a statement per tool call.
+        .test_on_check_out(false)
         .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(15))
         .build_unchecked(manager);
@@ -662,6 +704,90 @@ mod tests {
         connection
             .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
             .expect("checkpoint");
+    }
+
+    #[test]
+    fn file_counts_are_filled_by_the_migration_and_kept_by_triggers() {
+        let mut connection = Connection::open_in_memory().expect("open");
+        let before = MIGRATIONS
+            .iter()
+            .position(|m| m.contains("CREATE TABLE file_counts"))
+            .expect("the file_counts migration");
+        for migration in &MIGRATIONS[..before] {
+            connection.execute_batch(migration).expect("migration");
+        }
+        connection
+            .pragma_update(None, "user_version", before as i64)
+            .expect("version");
+        let insert = |c: &Connection, workspace: &str, path: &str, layer: &str| {
+            c.execute(
+                "INSERT INTO files(workspace, path, layer, kind, size, mtime_ns, rev, indexed_at)
+                 VALUES (?1, ?2, ?3, 'markdown', 1, 1, 'r', 0)
+                 ON CONFLICT(workspace, path) DO UPDATE SET layer = excluded.layer",
+                rusqlite::params![workspace, path, layer],
+            )
+            .expect("insert");
+        };
+        for (workspace, path, layer) in [
+            ("a", "wiki/1.md", "wiki"),
+            ("a", "wiki/2.md", "wiki"),
+            ("a", "raw/1.md", "raw"),
+            ("b", "wiki/1.md", "wiki"),
+            ("b", "wiki/1.conflict-host-2026.md", "wiki"),
+        ] {
+            insert(&connection, workspace, path, layer);
+        }
+        migrate(&mut connection).expect("migrate");
+        type Counts = Vec<(String, String, i64, i64)>;
+        let counts = |c: &Connection| -> Counts {
+            let mut statement = c
+                .prepare(
+                    "SELECT ws, layer, files, conflicts FROM file_counts WHERE files > 0 ORDER BY 1, 2",
+                )
+                .expect("prepare");
+            let rows = statement
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .expect("query");
+            rows.collect::<Result<_, _>>().expect("rows")
+        };
+        let actual = |c: &Connection| -> Counts {
+            let mut statement = c
+                .prepare(
+                    "SELECT workspace, layer, count(*), sum(path LIKE '%.conflict-%')
+                     FROM files GROUP BY 1, 2 ORDER BY 1, 2",
+                )
+                .expect("prepare");
+            let rows = statement
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .expect("query");
+            rows.collect::<Result<_, _>>().expect("rows")
+        };
+        assert_eq!(
+            counts(&connection),
+            actual(&connection),
+            "after the migration"
+        );
+        insert(&connection, "b", "wiki/2.md", "wiki");
+        insert(&connection, "b", "wiki/2.conflict-host-2026.md", "wiki");
+        insert(&connection, "a", "wiki/3.conflict-host-2026.md", "wiki");
+        insert(&connection, "a", "raw/1.md", "raw"); // an update: no change
+        insert(&connection, "a", "wiki/2.md", "raw"); // moved to another layer
+        connection
+            .execute(
+                "DELETE FROM files WHERE workspace = 'a' AND path = 'wiki/1.md'",
+                [],
+            )
+            .expect("delete");
+        connection
+            .execute(
+                "DELETE FROM files WHERE workspace = 'a' AND path = 'wiki/3.conflict-host-2026.md'",
+                [],
+            )
+            .expect("delete a conflict page");
+        connection
+            .execute("UPDATE files SET workspace = 'c' WHERE workspace = 'b'", [])
+            .expect("rename");
+        assert_eq!(counts(&connection), actual(&connection), "after changes");
     }
 
     #[test]

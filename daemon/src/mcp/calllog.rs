@@ -2,10 +2,11 @@
 //! `{ts, session, transport, workspace, tool, args_hash, latency_ms, result}`.
 //! Arguments are hashed, never written: they may quote the user's pages.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use alexandria_proto::Binding;
@@ -52,6 +53,10 @@ pub fn args_hash(arguments: &Value) -> String {
     format!("{hash:016x}")
 }
 
+/// Today's file, kept open between calls (opening and closing it cost more than the
+/// write). Reopened when the date changes or the file was deleted or renamed.
+static OPEN: Mutex<Option<(PathBuf, File)>> = Mutex::new(None);
+
 /// Append one line to today's file. Failures are logged, never returned: a full
 /// disk must not fail the tool call.
 pub fn append(logs_dir: &Path, record: &CallRecord<'_>) {
@@ -71,15 +76,31 @@ pub fn append(logs_dir: &Path, record: &CallRecord<'_>) {
     let mut bytes = line.to_string().into_bytes();
     bytes.push(b'\n');
     let path = logs_dir.join(format!("{PREFIX}{date}{SUFFIX}"));
+    let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    let current = match open.take() {
+        Some((open_path, file)) if open_path == path && still_named(&file, &path) => Ok(file),
+        _ => OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path),
+    };
     // One write of a whole line with O_APPEND: lines from parallel calls never mix.
-    let written = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&path)
-        .and_then(|mut file| file.write_all(&bytes));
+    let written = current.and_then(|mut file| {
+        file.write_all(&bytes)?;
+        *open = Some((path.clone(), file));
+        Ok(())
+    });
     if let Err(error) = written {
         tracing::warn!(path = %path.display(), %error, "cannot write the tool-call log");
+    }
+}
+
+/// Whether `file` is still the file at `path` (not deleted, renamed or replaced).
+fn still_named(file: &File, path: &Path) -> bool {
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+        _ => false,
     }
 }
 

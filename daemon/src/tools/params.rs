@@ -9,13 +9,39 @@ use crate::error::{ToolError, ToolResult};
 pub use crate::db::iso_time;
 
 /// A caller's path glob, checked: the matcher, a SQL GLOB prefilter, the layer.
+#[derive(Clone)]
 pub(crate) struct Scope {
     pub(crate) matcher: globset::GlobMatcher,
     pub(crate) sql: String,
     pub(crate) layer: Layer,
 }
 
+/// Globs compiled lately, by pattern: compiling one (a regex, its DFA) cost more than
+/// the rest of a glob read of 10 pages. A scope depends on the pattern alone.
+static SCOPES: std::sync::Mutex<Vec<(String, Scope)>> = std::sync::Mutex::new(Vec::new());
+const SCOPES_KEPT: usize = 64;
+
 pub(crate) fn scope(path: &str) -> ToolResult<Scope> {
+    let found = {
+        let scopes = SCOPES.lock().unwrap_or_else(|p| p.into_inner());
+        scopes
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, s)| s.clone())
+    };
+    if let Some(found) = found {
+        return Ok(found);
+    }
+    let compiled = compile_scope(path)?;
+    let mut scopes = SCOPES.lock().unwrap_or_else(|p| p.into_inner());
+    if scopes.len() >= SCOPES_KEPT {
+        scopes.remove(0);
+    }
+    scopes.push((path.to_string(), compiled.clone()));
+    Ok(compiled)
+}
+
+fn compile_scope(path: &str) -> ToolResult<Scope> {
     let checked = paths::validate_workspace_path(path, true)
         .map_err(|e| ToolError::invalid_path(e.message).with_detail("path", path))?;
     let pattern = if checked.rest().is_empty() {

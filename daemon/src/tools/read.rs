@@ -84,6 +84,10 @@ pub fn parse_pages(spec: &str, count: u32) -> ToolResult<Vec<u32>> {
 
 /// Cut `text` to at most `max` characters; returns whether it was cut.
 fn truncate_chars(text: &mut String, max: usize) -> bool {
+    // No more bytes than `max`: no more characters either (most pages).
+    if text.len() <= max {
+        return false;
+    }
     match text.char_indices().nth(max) {
         Some((cut, _)) => {
             text.truncate(cut);
@@ -104,8 +108,23 @@ pub fn read(store: &Store, binding: &Binding, params: ReadParams) -> ToolResult<
         return read_batch(store, &slug, &params, max_chars);
     }
     let (checked, absolute) = store.checked_path(&slug, &params.path)?;
-    let record = index::ensure_fresh(store, &slug, &checked.path, &absolute)?;
-    let kind = Kind::of(&absolute);
+    let record = index::ensure_fresh(store, &slug, &checked.path, &absolute, None)?;
+    read_file(
+        store, &slug, &checked, &absolute, record, &params, max_chars,
+    )
+}
+
+/// Read one checked file whose catalogue row is current.
+fn read_file(
+    store: &Store,
+    slug: &str,
+    checked: &paths::WorkspacePath,
+    absolute: &Path,
+    record: index::FileRecord,
+    params: &ReadParams,
+    max_chars: usize,
+) -> ToolResult<ToolOutput> {
+    let kind = Kind::of(absolute);
     if params.pages.is_some() && kind != Kind::Pdf {
         return Err(ToolError::invalid_argument(
             format!(
@@ -136,7 +155,7 @@ pub fn read(store: &Store, binding: &Binding, params: ReadParams) -> ToolResult<
     let mut images = Vec::new();
     let (text, truncated) = match kind {
         Kind::Markdown | Kind::Text => {
-            let mut content = read_text(&absolute, params.sections.is_none().then_some(max_chars))?;
+            let mut content = read_text(absolute, params.sections.is_none().then_some(max_chars))?;
             if let Some(wanted) = &params.sections {
                 let mut parts = Vec::new();
                 let mut missing = Vec::new();
@@ -216,7 +235,7 @@ pub fn read(store: &Store, binding: &Binding, params: ReadParams) -> ToolResult<
         }
         Kind::Image => {
             if params.include_images.unwrap_or(false) {
-                let Some(mime) = Kind::image_mime(&absolute) else {
+                let Some(mime) = Kind::image_mime(absolute) else {
                     return Err(ToolError::invalid_argument(
                         format!(
                             "{} is an image format that cannot be returned as image content",
@@ -235,8 +254,8 @@ pub fn read(store: &Store, binding: &Binding, params: ReadParams) -> ToolResult<
                         "ask the user for a smaller version",
                     ));
                 }
-                let bytes = std::fs::read(&absolute)
-                    .map_err(|e| ToolError::internal("reading image", e))?;
+                let bytes =
+                    std::fs::read(absolute).map_err(|e| ToolError::internal("reading image", e))?;
                 images.push((
                     base64::engine::general_purpose::STANDARD.encode(&bytes),
                     mime.to_string(),
@@ -354,23 +373,28 @@ fn read_batch(
             break;
         }
         let single = ReadParams {
-            workspace: Some(slug.to_string()),
-            path: file.path.clone(),
+            workspace: None,
+            path: String::new(),
             pages: None,
             sections: None,
             include_images: params.include_images,
-            max_chars: Some((max_chars - used).max(100) as u32),
+            max_chars: None,
         };
-        match read(
-            store,
-            &Binding::Pinned {
-                workspace: slug.to_string(),
-            },
-            single,
-        ) {
-            Ok(output) => {
-                let truncated = output.structured["truncated"].as_bool().unwrap_or(false);
-                let chars = output.structured["chars"].as_u64().unwrap_or(0) as usize;
+        // The listing's row saves a look-up per file; the file is still checked on
+        // disk (a changed one is re-indexed first), as a single read does.
+        let outcome = store
+            .checked_path(slug, &file.path)
+            .and_then(|(checked, absolute)| {
+                let record =
+                    index::ensure_fresh(store, slug, &checked.path, &absolute, Some(file))?;
+                let budget = (max_chars - used).max(100);
+                read_file(store, slug, &checked, &absolute, record, &single, budget)
+            });
+        match outcome {
+            Ok(mut output) => {
+                let structured = &mut output.structured;
+                let truncated = structured["truncated"].as_bool().unwrap_or(false);
+                let chars = structured["chars"].as_u64().unwrap_or(0) as usize;
                 if truncated && !returned.is_empty() {
                     // It does not fit whole: leave it for the next call.
                     remaining.extend(files[i..].iter().map(|f| f.path.clone()));
@@ -381,11 +405,11 @@ fn read_batch(
                 images.extend(output.images);
                 returned.push(json!({
                     "path": file.path,
-                    "rev": output.structured["rev"],
-                    "kind": output.structured["kind"],
+                    "rev": structured["rev"].take(),
+                    "kind": structured["kind"].take(),
                     "chars": chars,
                     "truncated": truncated,
-                    "content": output.structured["content"],
+                    "content": structured["content"].take(),
                 }));
             }
             Err(error) => {

@@ -79,7 +79,7 @@ pub fn check_citations(store: &Store, workspace: &str, text: &str) -> ToolResult
                 problems.push(json!({"citation": target, "problem": format!("p.{from}: page numbers apply to PDFs only")}));
                 continue;
             }
-            let record = index::ensure_fresh(store, workspace, &checked.path, &absolute)?;
+            let record = index::ensure_fresh(store, workspace, &checked.path, &absolute, None)?;
             let count = record.pages.unwrap_or(0);
             if from == 0 || i64::from(to) > count {
                 problems.push(json!({
