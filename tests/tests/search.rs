@@ -154,3 +154,47 @@ fn search_index_follows_writes_restarts_and_losses() {
     assert_eq!(session.found("burrow"), paths(&["a.md", "e.md"]));
     assert_eq!(session.found("kelp"), paths(&["c.md"]));
 }
+
+/// The index stays right when the daemon is killed with changes handed to the index
+/// but not committed, and when state.db is lost (a new database: the index made from
+/// the old one is rebuilt, not trusted).
+#[test]
+fn search_index_survives_a_kill_and_a_lost_state_db() {
+    let mut env = Env::new();
+    env.vars
+        .push(("ALEXANDRIA_SEARCH_INDEX".into(), Some("on".into())));
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let mut session = Session::open(&env);
+    session.wait_for_index();
+    session.write("wiki/a.md", "# A\n\nA burrow of wombats.\n");
+    session.write("wiki/gone.md", "# Gone\n\nA burrow to delete.\n");
+    session.wait_for_index();
+    // Killed right after these: the index has not committed them (it commits at most
+    // once a second), and may have begun to.
+    session.write("wiki/b.md", "# B\n\nA second burrow.\n");
+    session.call("delete", json!({"path": "wiki/gone.md"}));
+    session.write("wiki/c.md", "# C\n\nA third burrow, and kelp.\n");
+    drop(session);
+    env.kill_daemon();
+    let expected = paths(&["a.md", "b.md", "c.md"]);
+    let mut session = Session::open(&env);
+    assert_eq!(session.found("burrow"), expected);
+    session.wait_for_index();
+    assert_eq!(session.found("burrow"), expected);
+    assert_eq!(session.found("\"third burrow\""), paths(&["c.md"]));
+    drop(session);
+
+    // state.db lost: rebuilt from the files; the index follows the new database.
+    env.ok(&["daemon", "stop"]);
+    for name in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(env.home.join(name));
+    }
+    std::fs::remove_file(env.workspace_dir("lab").join("wiki/a.md")).expect("rm a.md");
+    let mut session = Session::open(&env);
+    let expected = paths(&["b.md", "c.md"]);
+    assert_eq!(session.found("burrow"), expected);
+    session.wait_for_index();
+    assert_eq!(session.found("burrow"), expected);
+    assert_eq!(session.found("kelp"), paths(&["c.md"]));
+}

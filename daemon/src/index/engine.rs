@@ -13,24 +13,31 @@
 //! cannot be opened) is rebuilt from SQLite. Until the index is ready, for a query it
 //! cannot express, or while too much is queued, search uses FTS5 as before.
 //!
-//! Terms are made by `tokens.rs` the way FTS5 makes them; a phrase is looked up in a
-//! field of word pairs ("a b"), so a phrase of common words is a term or two, not a
-//! position check in every page holding the words. Snippets still come from FTS5.
+//! A bulk load (a cold index, a rebuild) is handed to tantivy as it is queued and
+//! committed once, when the queue goes quiet; tantivy's own queue is kept short
+//! (`IN_FLIGHT`) and freed memory is handed back after commits (`release_memory`), so
+//! the daemon's memory after a cold build is about what it was before it.
+//!
+//! Terms are made by `tokens.rs` the way FTS5 makes them (our tokenizer, inside
+//! tantivy's indexing thread); a phrase is looked up in a field of word pairs ("a b"),
+//! so a phrase of common words is a term or two, not a position check in every page
+//! holding the words. Snippets are made from the hit's stored text (`snippet.rs`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use tantivy::collector::TopDocs;
 use tantivy::directory::{MmapDirectory, RamDirectory};
+use tantivy::indexer::{IndexWriterOptions, LogMergePolicy};
 use tantivy::query::{Bm25StatisticsProvider, BooleanQuery, Occur, PhraseQuery, Query, TermQuery};
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
 };
-use tantivy::tokenizer::{PreTokenizedString, Token};
+use tantivy::tokenizer::{Token, TokenStream, Tokenizer, TokenizerManager};
 use tantivy::{DocAddress, Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, Term};
 
 use super::search::{Hit, SearchQuery};
@@ -39,17 +46,34 @@ use crate::db::Pool;
 use crate::workspace::Store;
 
 /// Bumped when the schema or the terms change: an index with another one is rebuilt.
-const FORMAT: u32 = 1;
-/// Writer memory: the batch held before a segment is written (tantivy's floor is 15 MB).
-const WRITER_BUDGET: usize = 24_000_000;
+const FORMAT: u32 = 2;
+/// Writer memory: the terms held before a segment is written (tantivy's floor is 15 MB).
+const WRITER_BUDGET: usize = 32_000_000;
+/// Documents handed to tantivy's indexing thread and not tokenized yet. tantivy queues
+/// up to 10,000; with each page's text that is tens of MiB the process keeps (glibc
+/// does not give freed memory back on its own).
+const IN_FLIGHT: u64 = 256;
+/// The indexing thread took no document for this long: the batch is rolled back and
+/// tried again.
+const STALLED: Duration = Duration::from_secs(30);
 /// How often the indexer looks at the queue.
 const POLL: Duration = Duration::from_millis(250);
-/// Queue entries applied per commit.
-const BATCH: i64 = 20_000;
+/// Queue entries read from SQLite at a time.
+const BATCH: i64 = 2_000;
 /// While writes keep coming, the index commits once this many entries wait, or after
 /// `COMMIT_AFTER` since its last commit.
 const COMMIT_ENTRIES: i64 = 64;
 const COMMIT_AFTER: Duration = Duration::from_secs(1);
+/// A bulk load (a cold index, a big outside change: more queued than the overlay
+/// takes, so search uses FTS5 meanwhile) is committed once the queue stays quiet for
+/// `BULK_QUIET`, or every `BULK_COMMIT_AFTER`: one segment set and one sync instead of
+/// one per poll, and no merges while it runs.
+const BULK_QUIET: Duration = Duration::from_secs(1);
+const BULK_COMMIT_AFTER: Duration = Duration::from_secs(60);
+/// Memory freed by indexing is handed back to the system this long after a commit
+/// (again after `TRIM_LATE`, when merges started by the commit are likely done).
+const TRIM_SOON: Duration = Duration::from_secs(2);
+const TRIM_LATE: Duration = Duration::from_secs(30);
 /// Committed queue entries are deleted once this many piled up, or after `TRIM_AFTER`.
 const TRIM_EVERY: i64 = 5_000;
 const TRIM_AFTER: Duration = Duration::from_secs(30);
@@ -75,6 +99,8 @@ pub enum EngineError {
     Io(#[from] std::io::Error),
     #[error("search index: {0}")]
     Directory(#[from] tantivy::directory::error::OpenDirectoryError),
+    #[error("search index: the indexing thread stopped taking documents")]
+    Stalled,
 }
 
 #[derive(Clone, Copy)]
@@ -93,15 +119,18 @@ fn schema() -> (Schema, Fields) {
     let rowid = builder.add_u64_field("rowid", FAST);
     let workspace = builder.add_text_field("workspace", STRING);
     let layer = builder.add_text_field("layer", STRING);
-    let text = |record| {
+    let text = |tokenizer, record| {
         TextOptions::default().set_indexing_options(
             TextFieldIndexing::default()
-                .set_tokenizer("raw")
+                .set_tokenizer(tokenizer)
                 .set_index_option(record),
         )
     };
-    let body = builder.add_text_field("body", text(IndexRecordOption::WithFreqs));
-    let pairs = builder.add_text_field("pairs", text(IndexRecordOption::WithFreqsAndPositions));
+    let body = builder.add_text_field("body", text(TERMS, IndexRecordOption::WithFreqs));
+    let pairs = builder.add_text_field(
+        "pairs",
+        text(PAIRS, IndexRecordOption::WithFreqsAndPositions),
+    );
     let fields = Fields {
         file_id,
         rowid,
@@ -111,6 +140,102 @@ fn schema() -> (Schema, Fields) {
         pairs,
     };
     (builder.build(), fields)
+}
+
+/// Names of our tokenizers in tantivy's registry.
+const TERMS: &str = "alexandria-terms";
+const PAIRS: &str = "alexandria-pairs";
+
+/// tantivy's view of `tokens::Terms`: every term of a text (`TERMS`), or every pair of
+/// neighbouring terms (`PAIRS`), each pair at the position of its first word. Terms
+/// longer than `MAX_TERM` are left out (and the pairs holding them). The terms
+/// tokenizer counts the texts it started on: the indexer's throttle (`IN_FLIGHT`).
+#[derive(Clone)]
+struct TermTokenizer {
+    pairs: bool,
+    started: Arc<AtomicU64>,
+}
+
+struct TermStream<'a> {
+    terms: tokens::Terms<'a>,
+    pairs: bool,
+    /// Terms seen so far.
+    count: usize,
+    previous: String,
+    token: Token,
+}
+
+impl Tokenizer for TermTokenizer {
+    type TokenStream<'a> = TermStream<'a>;
+
+    fn token_stream<'a>(&'a mut self, text: &'a str) -> TermStream<'a> {
+        if !self.pairs {
+            self.started.fetch_add(1, Ordering::Release);
+        }
+        TermStream {
+            terms: tokens::Terms::new(text),
+            pairs: self.pairs,
+            count: 0,
+            previous: String::new(),
+            token: Token::default(),
+        }
+    }
+}
+
+impl TokenStream for TermStream<'_> {
+    fn advance(&mut self) -> bool {
+        while self.terms.advance().is_some() {
+            let term = self.terms.term();
+            self.count += 1;
+            if !self.pairs {
+                if term.len() > MAX_TERM {
+                    continue;
+                }
+                self.token.text.clear();
+                self.token.text.push_str(term);
+                self.token.position = self.count - 1;
+                return true;
+            }
+            let usable =
+                self.count > 1 && self.previous.len() <= MAX_TERM && term.len() <= MAX_TERM;
+            if usable {
+                self.token.text.clear();
+                self.token.text.push_str(&self.previous);
+                self.token.text.push(' ');
+                self.token.text.push_str(term);
+                self.token.position = self.count - 2;
+            }
+            self.previous.clear();
+            self.previous.push_str(term);
+            if usable {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn token(&self) -> &Token {
+        &self.token
+    }
+
+    fn token_mut(&mut self) -> &mut Token {
+        &mut self.token
+    }
+}
+
+/// Our tokenizers, `started` counting the texts they began to index.
+fn tokenizers(started: &Arc<AtomicU64>) -> TokenizerManager {
+    let manager = TokenizerManager::default();
+    for (name, pairs) in [(TERMS, false), (PAIRS, true)] {
+        manager.register(
+            name,
+            TermTokenizer {
+                pairs,
+                started: Arc::clone(started),
+            },
+        );
+    }
+    manager
 }
 
 /// What the searches of the moment see: the committed index and the queue position
@@ -134,7 +259,54 @@ pub struct Engine {
     snapshot: RwLock<Arc<Snapshot>>,
     overlay: Mutex<Option<Arc<Overlay>>>,
     ready: AtomicBool,
+    /// Texts our tokenizer began to index (see `IN_FLIGHT`).
+    started: Arc<AtomicU64>,
 }
+
+/// The indexer's position: what it handed to the writer, and when.
+struct Feed {
+    /// The last queue entry handed to the writer (committed or not).
+    applied: i64,
+    /// Documents handed to the writer (compared with `Engine::started`).
+    sent: u64,
+    committed: Instant,
+    /// When the queue last had entries.
+    grew: Instant,
+    /// When to hand freed memory back.
+    release: Vec<Instant>,
+}
+
+impl Feed {
+    fn new() -> Feed {
+        Feed {
+            applied: 0,
+            sent: 0,
+            committed: Instant::now(),
+            grew: Instant::now(),
+            release: Vec::new(),
+        }
+    }
+}
+
+/// Hand memory freed by indexing back to the system. glibc keeps freed memory in its
+/// arenas (one per thread that allocated) and gives back only the top of the main
+/// heap by itself: after a cold build the daemon kept hundreds of MiB it no longer used.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_memory() {
+    let started = Instant::now();
+    // SAFETY: malloc_trim takes no pointer and has no precondition; it walks glibc's
+    // own arenas under their locks.
+    #[allow(unsafe_code)]
+    let released = unsafe { libc::malloc_trim(0) };
+    tracing::debug!(
+        released,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "freed memory handed back"
+    );
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_memory() {}
 
 fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<Engine>>> {
     static ENGINES: OnceLock<Mutex<HashMap<PathBuf, Arc<Engine>>>> = OnceLock::new();
@@ -175,11 +347,12 @@ pub fn index_dir(store: &Store) -> PathBuf {
 /// Open (or create) the index of `store` and start its indexer thread. Search uses
 /// FTS5 until the index has caught up with the queue.
 ///
-/// Opt-in for now: only with `ALEXANDRIA_SEARCH_INDEX=on`. Measured at 10k pages (see
-/// BENCHMARKS.md) it makes common-word search ~40× faster but, as built, keeps ~600 MiB
-/// of freed indexing memory after a cold build (vs ~30 MiB), takes ~70 s to become
-/// ready and did not speed up phrases or rare words; until that is fixed every search
-/// uses FTS5 unless the user asks for the index.
+/// Opt-in for now: only with `ALEXANDRIA_SEARCH_INDEX=on` (`off`, or nothing, leaves it
+/// out and FTS5 answers every search). Measured at 10k pages (BENCHMARKS.md, "Search
+/// index against FTS5, one run") every search is faster and memory is bounded, but a
+/// build still costs ~4× the CPU of the FTS5 cold index (tantivy's postings writer and
+/// merges, for words and word pairs), so the index is ready ~2× later than FTS5; the
+/// whole test suite passes with it on.
 pub fn start(store: &Arc<Store>) {
     if !std::env::var("ALEXANDRIA_SEARCH_INDEX").is_ok_and(|v| v == "on") {
         tracing::info!("search uses FTS5 (ALEXANDRIA_SEARCH_INDEX=on enables the tantivy index)");
@@ -240,7 +413,7 @@ fn open_dir(dir: &Path, schema: &Schema) -> Result<Index> {
 impl Engine {
     fn open(dir: &Path, pool: &Pool) -> Result<Engine> {
         let (schema, fields) = schema();
-        let index = match open_dir(dir, &schema) {
+        let mut index = match open_dir(dir, &schema) {
             Ok(index) => index,
             Err(error) => {
                 tracing::warn!(%error, dir = %dir.display(), "search index unusable; rebuilding it");
@@ -248,6 +421,8 @@ impl Engine {
                 open_dir(dir, &schema)?
             }
         };
+        let started = Arc::new(AtomicU64::new(0));
+        index.set_tokenizers(tokenizers(&started));
         let generation: String = pool.get()?.query_row(
             "SELECT generation FROM search_state WHERE id = 1",
             [],
@@ -267,6 +442,7 @@ impl Engine {
             snapshot: RwLock::new(snapshot),
             overlay: Mutex::new(None),
             ready: AtomicBool::new(false),
+            started,
         })
     }
 
@@ -274,52 +450,51 @@ impl Engine {
         Arc::clone(&self.snapshot.read().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The indexer: rebuild or replay, then apply the queue as it grows. Never returns.
-    fn run(&self, pool: &Pool) {
-        let mut writer: IndexWriter = loop {
-            match self.index.writer_with_num_threads(1, WRITER_BUDGET) {
-                Ok(writer) => break writer,
+    /// One indexing thread, one merge thread (the daemon shares two cores with its
+    /// clients), `WRITER_BUDGET` of terms per segment.
+    fn writer(&self) -> IndexWriter {
+        let options = IndexWriterOptions::builder()
+            .num_worker_threads(1)
+            .num_merge_threads(1)
+            .memory_budget_per_thread(WRITER_BUDGET)
+            .build();
+        loop {
+            match self.index.writer_with_options(options.clone()) {
+                Ok(writer) => {
+                    writer.set_merge_policy(Box::new(LogMergePolicy::default()));
+                    return writer;
+                }
                 Err(error) => {
                     tracing::error!(%error, "cannot open the search index writer; retrying");
                     std::thread::sleep(Duration::from_secs(5));
                 }
             }
-        };
+        }
+    }
+
+    /// The indexer: rebuild or replay, then apply the queue as it grows. Never returns.
+    fn run(&self, pool: &Pool) {
+        let mut writer = self.writer();
+        let mut feed = Feed::new();
         loop {
-            match self.catch_up(pool, &mut writer) {
+            match self.catch_up(pool, &mut writer, &mut feed) {
                 Ok(()) => break,
                 Err(error) => {
                     tracing::error!(%error, "search index catch-up failed; retrying");
-                    let _ = writer.rollback();
+                    self.rollback(&mut writer, &mut feed);
                     std::thread::sleep(Duration::from_secs(5));
                 }
             }
         }
         self.ready.store(true, Ordering::Release);
         tracing::info!(seq = self.snapshot().seq, "search index ready");
-        let mut trimmed = (0i64, std::time::Instant::now());
-        let mut committed = std::time::Instant::now();
+        let mut trimmed = (0i64, Instant::now());
         loop {
             std::thread::sleep(POLL);
-            // Under a stream of writes, commit at most once a second (the overlay has
-            // the rest): every commit writes and syncs segment files, and merges follow.
-            if committed.elapsed() < COMMIT_AFTER && !self.queued_at_least(pool, COMMIT_ENTRIES) {
-                continue;
-            }
-            loop {
-                match self.apply_queue(pool, &mut writer) {
-                    Ok(true) => {
-                        committed = std::time::Instant::now();
-                        continue;
-                    }
-                    Ok(false) => break,
-                    Err(error) => {
-                        tracing::warn!(%error, "applying the search queue failed; retrying");
-                        let _ = writer.rollback();
-                        std::thread::sleep(Duration::from_secs(1));
-                        break;
-                    }
-                }
+            if let Err(error) = self.step(pool, &mut writer, &mut feed) {
+                tracing::warn!(%error, "applying the search queue failed; retrying");
+                self.rollback(&mut writer, &mut feed);
+                std::thread::sleep(Duration::from_secs(1));
             }
             // Committed entries are deleted seldom: every delete is a write transaction
             // that other writers of state.db would wait for.
@@ -328,28 +503,54 @@ impl Engine {
                 && (seq - trimmed.0 >= TRIM_EVERY || trimmed.1.elapsed() >= TRIM_AFTER)
             {
                 match self.trim(pool, seq) {
-                    Ok(()) => trimmed = (seq, std::time::Instant::now()),
+                    Ok(()) => trimmed = (seq, Instant::now()),
                     Err(error) => tracing::warn!(%error, "cannot trim the search queue"),
                 }
+            }
+            if feed.release.first().is_some_and(|at| *at <= Instant::now()) {
+                feed.release.remove(0);
+                release_memory();
             }
         }
     }
 
-    /// Whether `entries` or more queue entries wait past the snapshot.
-    fn queued_at_least(&self, pool: &Pool, entries: i64) -> bool {
-        let seq = self.snapshot().seq;
-        pool.get()
-            .ok()
-            .and_then(|connection| {
-                connection
-                    .query_row(
-                        "SELECT coalesce(max(seq), 0) FROM search_outbox",
-                        [],
-                        |row| row.get::<_, i64>(0),
-                    )
-                    .ok()
-            })
-            .is_some_and(|last| last - seq >= entries)
+    /// Apply what was queued since the last poll; commit when it is time.
+    fn step(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+        let mut fed = 0;
+        loop {
+            let entries = self.feed(pool, writer, feed)?;
+            if entries == 0 {
+                break;
+            }
+            fed += entries;
+        }
+        if fed > 0 {
+            feed.grew = Instant::now();
+        }
+        let waiting = feed.applied - self.snapshot().seq;
+        if waiting <= 0 {
+            return Ok(());
+        }
+        let due = if waiting > OVERLAY_MAX_FILES as i64 {
+            feed.grew.elapsed() >= BULK_QUIET || feed.committed.elapsed() >= BULK_COMMIT_AFTER
+        } else {
+            // Under a stream of writes, commit at most once a second (the overlay has
+            // the rest): every commit writes and syncs segment files, and merges follow.
+            waiting >= COMMIT_ENTRIES || feed.committed.elapsed() >= COMMIT_AFTER
+        };
+        if due {
+            self.commit(writer, feed)?;
+        }
+        Ok(())
+    }
+
+    /// Drop what was handed to the writer since its last commit.
+    fn rollback(&self, writer: &mut IndexWriter, feed: &mut Feed) {
+        if let Err(error) = writer.rollback() {
+            tracing::warn!(%error, "search index rollback failed");
+        }
+        feed.applied = self.snapshot().seq;
+        feed.sent = self.started.load(Ordering::Acquire);
     }
 
     /// Delete queue entries the published snapshot holds (never earlier: see `search`).
@@ -360,13 +561,19 @@ impl Engine {
     }
 
     /// Rebuild from SQLite if the committed index is not this database's, then replay.
-    fn catch_up(&self, pool: &Pool, writer: &mut IndexWriter) -> Result<()> {
+    fn catch_up(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
         let metas = self.index.load_metas()?;
         match parse_payload(metas.payload.as_deref(), &self.generation) {
-            Some(seq) => self.publish(seq)?,
-            None => self.rebuild(pool, writer)?,
+            Some(seq) => {
+                self.publish(seq)?;
+                feed.applied = seq;
+            }
+            None => self.rebuild(pool, writer, feed)?,
         }
-        while self.apply_queue(pool, writer)? {}
+        while self.feed(pool, writer, feed)? > 0 {}
+        if feed.applied > self.snapshot().seq {
+            self.commit(writer, feed)?;
+        }
         self.trim(pool, self.snapshot().seq)
     }
 
@@ -380,15 +587,21 @@ impl Engine {
         Ok(())
     }
 
-    fn commit(&self, writer: &mut IndexWriter, seq: i64) -> Result<()> {
+    /// Commit what the writer holds, up to the queue entry `feed.applied`.
+    fn commit(&self, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
         let mut prepared = writer.prepare_commit()?;
-        prepared.set_payload(&payload(&self.generation, seq));
+        prepared.set_payload(&payload(&self.generation, feed.applied));
         prepared.commit()?;
-        self.publish(seq)
+        let now = Instant::now();
+        feed.committed = now;
+        // Every document handed over is indexed once the commit is done.
+        feed.sent = self.started.load(Ordering::Acquire);
+        feed.release = vec![now + TRIM_SOON, now + TRIM_LATE];
+        self.publish(feed.applied)
     }
 
-    fn rebuild(&self, pool: &Pool, writer: &mut IndexWriter) -> Result<()> {
-        let started = std::time::Instant::now();
+    fn rebuild(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+        let started = Instant::now();
         writer.delete_all_documents()?;
         let connection = pool.get()?;
         let transaction = connection.unchecked_transaction()?;
@@ -409,14 +622,15 @@ impl Engine {
                 workspace: row.get(3)?,
                 layer: row.get(4)?,
             };
-            let body: String = row.get(1)?;
-            writer.add_document(self.document(&file, row.get(0)?, &body))?;
+            let document = self.document(&file, row.get(0)?, row.get(1)?);
+            self.add(writer, feed, document)?;
             count += 1;
         }
         drop(rows);
         drop(statement);
         drop(transaction);
-        self.commit(writer, seq)?;
+        feed.applied = seq;
+        self.commit(writer, feed)?;
         tracing::info!(
             chunks = count,
             seconds = started.elapsed().as_secs_f64(),
@@ -425,52 +639,61 @@ impl Engine {
         Ok(())
     }
 
-    /// Apply one batch of the queue and commit it; false when there was nothing.
-    fn apply_queue(&self, pool: &Pool, writer: &mut IndexWriter) -> Result<bool> {
-        let base = self.snapshot().seq;
+    /// Hand the next batch of queued changes to the writer, uncommitted; the number of
+    /// queue entries it held.
+    fn feed(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<usize> {
         let connection = pool.get()?;
         let transaction = connection.unchecked_transaction()?;
         let queued: Vec<(i64, i64)> = {
             let mut statement = transaction.prepare_cached(
                 "SELECT seq, file_id FROM search_outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2",
             )?;
-            let rows =
-                statement.query_map(params![base, BATCH], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            let rows = statement.query_map(params![feed.applied, BATCH], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?;
             rows.collect::<rusqlite::Result<_>>()?
         };
         let Some(&(last, _)) = queued.last() else {
-            return Ok(false);
+            return Ok(0);
         };
         let files: BTreeSet<i64> = queued.iter().map(|(_, id)| *id).collect();
         for id in &files {
             writer.delete_term(Term::from_field_u64(self.fields.file_id, *id as u64));
             for (rowid, file, body) in file_chunks(&transaction, *id)? {
-                writer.add_document(self.document(&file, rowid, &body))?;
+                self.add(writer, feed, self.document(&file, rowid, body))?;
             }
         }
-        drop(transaction);
-        self.commit(writer, last)?;
-        Ok(true)
+        feed.applied = last;
+        Ok(queued.len())
     }
 
-    fn document(&self, file: &FileRow, rowid: i64, body: &str) -> tantivy::TantivyDocument {
-        let mut terms = tokens::terms(body);
-        let pairs: Vec<Option<String>> = terms
-            .windows(2)
-            .map(|w| {
-                (w[0].len() <= MAX_TERM && w[1].len() <= MAX_TERM)
-                    .then(|| tokens::pair(&w[0], &w[1]))
-            })
-            .collect();
-        terms.retain(|t| t.len() <= MAX_TERM);
+    /// Add a document, waiting while tantivy's indexing thread is `IN_FLIGHT` behind.
+    fn add(
+        &self,
+        writer: &IndexWriter,
+        feed: &mut Feed,
+        document: tantivy::TantivyDocument,
+    ) -> Result<()> {
+        writer.add_document(document)?;
+        feed.sent += 1;
+        let deadline = Instant::now() + STALLED;
+        while feed.sent > self.started.load(Ordering::Acquire) + IN_FLIGHT {
+            if Instant::now() > deadline {
+                return Err(EngineError::Stalled);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    fn document(&self, file: &FileRow, rowid: i64, body: String) -> tantivy::TantivyDocument {
         let mut document = tantivy::TantivyDocument::new();
         document.add_u64(self.fields.file_id, file.id as u64);
         document.add_u64(self.fields.rowid, rowid as u64);
         document.add_text(self.fields.workspace, &file.workspace);
         document.add_text(self.fields.layer, &file.layer);
-        document
-            .add_pre_tokenized_text(self.fields.body, pre_tokenized(terms.into_iter().map(Some)));
-        document.add_pre_tokenized_text(self.fields.pairs, pre_tokenized(pairs.into_iter()));
+        document.add_text(self.fields.pairs, &body);
+        document.add_text(self.fields.body, body);
         document
     }
 
@@ -650,10 +873,11 @@ impl Engine {
         let (schema, _) = schema();
         let mut writer = Index::builder()
             .schema(schema)
+            .tokenizers(tokenizers(&Arc::new(AtomicU64::new(0))))
             .single_segment_index_writer(RamDirectory::create(), 15_000_000)?;
         for id in pending {
             for (rowid, file, body) in file_chunks(connection, *id)? {
-                writer.add_document(self.document(&file, rowid, &body))?;
+                writer.add_document(self.document(&file, rowid, body))?;
             }
         }
         let index = writer.finalize()?;
@@ -711,25 +935,6 @@ fn file_chunks(connection: &Connection, id: i64) -> Result<Vec<(i64, FileRow, St
         chunks.push((rowid, file, body));
     }
     Ok(chunks)
-}
-
-fn pre_tokenized(words: impl Iterator<Item = Option<String>>) -> PreTokenizedString {
-    let tokens = words
-        .enumerate()
-        .filter_map(|(position, word)| {
-            word.map(|text| Token {
-                offset_from: 0,
-                offset_to: 0,
-                position,
-                text,
-                position_length: 1,
-            })
-        })
-        .collect();
-    PreTokenizedString {
-        text: String::new(),
-        tokens,
-    }
 }
 
 fn ids(searcher: &Searcher, address: DocAddress) -> Result<(i64, i64)> {
@@ -865,19 +1070,17 @@ pub fn parse(fts: &str) -> Option<Vec<Vec<String>>> {
 }
 
 /// A hit of the committed index or the overlay, completed from SQLite: path, kind,
-/// page, heading trail and an FTS5 snippet with the words in bold.
+/// page, heading trail, and a snippet with the words in bold made from the chunk's
+/// text (`snippet.rs`) as FTS5 makes it.
 pub fn complete(
     connection: &Connection,
     fts: &str,
     ranked: &[Ranked],
 ) -> rusqlite::Result<Vec<Hit>> {
+    let phrases = parse(fts).unwrap_or_default();
     let mut file =
         connection.prepare_cached("SELECT path, layer, kind FROM files WHERE id = ?1")?;
-    let mut detail = connection.prepare_cached(
-        "SELECT page, heading, snippet(chunks, 2, '**', '**', '…', 24)
-         FROM chunks WHERE chunks MATCH ?1 AND rowid = ?2",
-    )?;
-    let mut plain =
+    let mut chunk =
         connection.prepare_cached("SELECT page, heading, body FROM chunks WHERE rowid = ?1")?;
     let mut hits = Vec::with_capacity(ranked.len());
     for hit in ranked {
@@ -893,22 +1096,22 @@ pub fn complete(
         else {
             continue;
         };
-        let row = |row: &rusqlite::Row<'_>| {
-            Ok((
-                row.get::<_, Option<i64>>(0)?,
-                row.get::<_, Option<String>>(1)?,
-                row.get::<_, String>(2)?,
-            ))
+        let Some((page, heading, body)) = chunk
+            .query_row(params![hit.rowid], |row| {
+                Ok((
+                    row.get::<_, Option<i64>>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .optional()?
+        else {
+            continue;
         };
-        let (page, heading, snippet) =
-            match detail.query_row(params![fts, hit.rowid], row).optional()? {
-                Some(found) => found,
-                // Our terms and FTS5's differ for this text: the chunk's opening words.
-                None => match plain.query_row(params![hit.rowid], row).optional()? {
-                    Some((page, heading, body)) => (page, heading, opening(&body)),
-                    None => continue,
-                },
-            };
+        // No phrase in the text would mean our terms and the index's differ: the
+        // chunk's opening words then.
+        let snippet = super::snippet::snippet(&body, &phrases, SNIPPET_TOKENS)
+            .unwrap_or_else(|| opening(&body));
         hits.push(Hit {
             path,
             layer,
@@ -921,6 +1124,9 @@ pub fn complete(
     }
     Ok(hits)
 }
+
+/// Tokens in a snippet (FTS5's `snippet(…, 24)` in `search.rs`).
+const SNIPPET_TOKENS: usize = 24;
 
 fn opening(body: &str) -> String {
     let words: Vec<&str> = body.split_whitespace().take(24).collect();

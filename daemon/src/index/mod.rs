@@ -9,6 +9,7 @@ pub mod engine;
 pub mod extract;
 pub mod markdown;
 pub mod search;
+pub mod snippet;
 pub mod tokens;
 
 pub use search::{Hit, SearchQuery, fts_query, list, search, search_ranked};

@@ -15,26 +15,75 @@ const PORTER_MAX_TOKEN: usize = 64;
 /// The terms of `text`, in order.
 pub fn terms(text: &str) -> Vec<String> {
     let mut terms = Vec::new();
-    let mut current = String::new();
-    for c in text.chars() {
-        if c.is_ascii() {
-            if c.is_ascii_alphanumeric() {
-                current.push(c.to_ascii_lowercase());
-                continue;
-            }
-        } else if is_token_char(c) {
-            fold_into(c, &mut current);
-            continue;
-        }
-        if !current.is_empty() {
-            terms.push(porter(&current));
-            current.clear();
-        }
-    }
-    if !current.is_empty() {
-        terms.push(porter(&current));
+    let mut stream = Terms::new(text);
+    while stream.advance().is_some() {
+        terms.push(stream.term().to_string());
     }
     terms
+}
+
+/// The terms of a text one at a time, with where each word is in the text, reusing
+/// two buffers (no allocation per word): for the index's tokenizer and for snippets.
+pub struct Terms<'a> {
+    text: &'a str,
+    chars: std::str::CharIndices<'a>,
+    word: String,
+    stem: Vec<u8>,
+    term: String,
+}
+
+impl<'a> Terms<'a> {
+    pub fn new(text: &'a str) -> Terms<'a> {
+        Terms {
+            text,
+            chars: text.char_indices(),
+            word: String::new(),
+            stem: Vec::new(),
+            term: String::new(),
+        }
+    }
+
+    /// Move to the next term; the byte range of its word in the text.
+    pub fn advance(&mut self) -> Option<std::ops::Range<usize>> {
+        self.word.clear();
+        let mut start = None;
+        let mut end = self.text.len();
+        for (at, c) in self.chars.by_ref() {
+            if c.is_ascii() {
+                if c.is_ascii_alphanumeric() {
+                    start.get_or_insert(at);
+                    self.word.push(c.to_ascii_lowercase());
+                    continue;
+                }
+            } else if is_token_char(c) {
+                start.get_or_insert(at);
+                fold_into(c, &mut self.word);
+                continue;
+            }
+            if start.is_some() && !self.word.is_empty() {
+                end = at;
+                break;
+            }
+            // A word made only of marks folds to nothing: not a token.
+            start = None;
+        }
+        let start = start?;
+        if self.word.is_empty() {
+            return None;
+        }
+        porter_into(&self.word, &mut self.stem);
+        self.term.clear();
+        match std::str::from_utf8(&self.stem) {
+            Ok(stem) => self.term.push_str(stem),
+            Err(_) => self.term.push_str(&String::from_utf8_lossy(&self.stem)),
+        }
+        Some(start..end)
+    }
+
+    /// The current term.
+    pub fn term(&self) -> &str {
+        &self.term
+    }
 }
 
 /// The word pairs of a list of terms ("a b", "b c"): what makes a phrase a few term
@@ -280,20 +329,21 @@ fn step1b2(word: &mut Vec<u8>) -> bool {
     false
 }
 
-/// SQLite's porter stemmer (`fts5PorterCb`).
-fn porter(token: &str) -> String {
+/// SQLite's porter stemmer (`fts5PorterCb`): the stem of `token` into `word`.
+fn porter_into(token: &str, word: &mut Vec<u8>) {
     let bytes = token.as_bytes();
+    word.clear();
+    word.extend_from_slice(bytes);
     if bytes.len() > PORTER_MAX_TOKEN || bytes.len() < 3 {
-        return token.to_string();
+        return;
     }
-    let mut word = bytes.to_vec();
-    step1a(&mut word);
-    if step1b(&mut word) && !step1b2(&mut word) {
+    step1a(word);
+    if step1b(word) && !step1b2(word) {
         let n = word.len();
         let c = word[n - 1];
         if n >= 2 && !is_vowel(c, false) && !matches!(c, b'l' | b's' | b'z') && c == word[n - 2] {
             word.truncate(n - 1);
-        } else if m_eq1(&word) && o_star(&word) {
+        } else if m_eq1(word) && o_star(word) {
             word.push(b'e');
         }
     }
@@ -301,9 +351,9 @@ fn porter(token: &str) -> String {
     if word[n - 1] == b'y' && has_vowel(&word[..n - 1]) {
         word[n - 1] = b'i';
     }
-    apply(&mut word, STEP2);
-    apply(&mut word, STEP3);
-    apply(&mut word, STEP4);
+    apply(word, STEP2);
+    apply(word, STEP3);
+    apply(word, STEP4);
     let n = word.len();
     if word[n - 1] == b'e'
         && (m_gt1(&word[..n - 1]) || (m_eq1(&word[..n - 1]) && !o_star(&word[..n - 1])))
@@ -314,7 +364,6 @@ fn porter(token: &str) -> String {
     if n > 1 && word[n - 1] == b'l' && word[n - 2] == b'l' && m_gt1(&word[..n - 1]) {
         word.truncate(n - 1);
     }
-    String::from_utf8_lossy(&word).into_owned()
 }
 
 #[cfg(test)]

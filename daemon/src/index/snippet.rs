@@ -1,0 +1,308 @@
+//! Snippets for the search index's hits (`engine.rs`), made from the chunk's stored
+//! text the way FTS5's `snippet(chunks, 2, '**', '**', '…', N)` makes them (SQLite's
+//! `fts5SnippetFunction`): the window of N tokens with the most distinct phrases
+//! (a window starting a sentence gets a bonus), matches in bold. Asking FTS5 for the
+//! snippet cost a `MATCH` per hit, which for common words walks their position lists.
+
+use super::tokens::Terms;
+
+/// One token: its byte range and which query term it is (`NONE` for others).
+struct Token {
+    start: usize,
+    end: usize,
+    term: u16,
+}
+
+const NONE: u16 = u16::MAX;
+
+/// A phrase found in the text: its phrase number and first token.
+#[derive(Clone, Copy)]
+struct Instance {
+    phrase: usize,
+    at: usize,
+}
+
+/// The snippet of `text` for `phrases` (each a list of terms, as `engine::parse` gives
+/// them), `size` tokens long; None when no phrase is in the text.
+pub fn snippet(text: &str, phrases: &[Vec<String>], size: usize) -> Option<String> {
+    let mut vocabulary: Vec<&str> = Vec::new();
+    let phrases: Vec<Vec<u16>> = phrases
+        .iter()
+        .map(|terms| {
+            terms
+                .iter()
+                .map(|term| {
+                    let id = vocabulary
+                        .iter()
+                        .position(|t| *t == term)
+                        .unwrap_or_else(|| {
+                            vocabulary.push(term);
+                            vocabulary.len() - 1
+                        });
+                    u16::try_from(id).unwrap_or(NONE)
+                })
+                .collect()
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    let mut sentences = Vec::new();
+    let mut terms = Terms::new(text);
+    while let Some(range) = terms.advance() {
+        let term = vocabulary
+            .iter()
+            .position(|t| *t == terms.term())
+            .and_then(|id| u16::try_from(id).ok())
+            .unwrap_or(NONE);
+        if tokens.is_empty() || starts_sentence(text, range.start) {
+            sentences.push(tokens.len());
+        }
+        tokens.push(Token {
+            start: range.start,
+            end: range.end,
+            term,
+        });
+    }
+    let mut instances = Vec::new();
+    for at in 0..tokens.len() {
+        for (phrase, ids) in phrases.iter().enumerate() {
+            let found = !ids.is_empty()
+                && at + ids.len() <= tokens.len()
+                && ids
+                    .iter()
+                    .zip(&tokens[at..])
+                    .all(|(id, token)| *id != NONE && token.term == *id);
+            if found {
+                instances.push(Instance { phrase, at });
+            }
+        }
+    }
+    if instances.is_empty() {
+        return None;
+    }
+    let lengths: Vec<usize> = phrases.iter().map(Vec::len).collect();
+    let start = best_start(&instances, &lengths, &sentences, tokens.len(), size);
+    Some(highlight(text, &tokens, &instances, &lengths, start, size))
+}
+
+/// FTS5's sentence finder: a token starts a sentence when the text before it, past
+/// white space (at least one character of it), ends with '.' or ':'.
+fn starts_sentence(text: &str, start: usize) -> bool {
+    let before = text[..start].trim_end_matches([' ', '\t', '\n', '\r']);
+    before.len() != start && (before.ends_with('.') || before.ends_with(':'))
+}
+
+/// `fts5SnippetScore`: 1000 for each phrase's first instance in the window starting at
+/// `from`, 1 for each further one; and the start that centres those instances.
+fn score(
+    instances: &[Instance],
+    lengths: &[usize],
+    documents: usize,
+    from: usize,
+    size: usize,
+) -> (i64, usize) {
+    let mut seen = vec![false; lengths.len()];
+    let mut total = 0i64;
+    let mut first: Option<usize> = None;
+    let mut last = 0usize;
+    for instance in instances {
+        if instance.at >= from && instance.at < from + size {
+            total += if seen[instance.phrase] { 1 } else { 1000 };
+            seen[instance.phrase] = true;
+            first.get_or_insert(instance.at);
+            last = instance.at + lengths[instance.phrase];
+        }
+    }
+    let first = first.unwrap_or(0) as i64;
+    let (size, documents) = (size as i64, documents as i64);
+    let mut adjusted = first - (size - (last as i64 - first)) / 2;
+    if adjusted + size > documents {
+        adjusted = documents - size;
+    }
+    (total, adjusted.max(0) as usize)
+}
+
+/// The first token of the best window, as `fts5SnippetFunction` picks it.
+fn best_start(
+    instances: &[Instance],
+    lengths: &[usize],
+    sentences: &[usize],
+    documents: usize,
+    size: usize,
+) -> usize {
+    let mut best = (0i64, 0usize);
+    for instance in instances {
+        let (total, adjusted) = score(instances, lengths, documents, instance.at, size);
+        if total > best.0 {
+            best = (total, adjusted);
+        }
+        if !sentences.is_empty() && documents > size {
+            let mut j = 0;
+            while j + 1 < sentences.len() && sentences[j + 1] <= instance.at {
+                j += 1;
+            }
+            let sentence = sentences[j];
+            if sentence < instance.at {
+                let (total, _) = score(instances, lengths, documents, sentence, size);
+                let total = total + if sentence == 0 { 120 } else { 100 };
+                if total > best.0 {
+                    best = (total, sentence);
+                }
+            }
+        }
+    }
+    best.1
+}
+
+/// `fts5HighlightCb` over the window of `size` tokens from `start`: overlapping
+/// instances are one bold run; '…' where the window cuts the text.
+fn highlight(
+    text: &str,
+    tokens: &[Token],
+    instances: &[Instance],
+    lengths: &[usize],
+    start: usize,
+    size: usize,
+) -> String {
+    // Coalesced instances: (first token, last token).
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for instance in instances {
+        let end = instance.at + lengths[instance.phrase] - 1;
+        match runs.last_mut() {
+            Some(run) if instance.at <= run.1 => run.1 = run.1.max(end),
+            _ => runs.push((instance.at, end)),
+        }
+    }
+    let mut runs = runs.into_iter().skip_while(|run| run.0 < start).peekable();
+    let range_end = start + size - 1;
+    let mut out = String::with_capacity(size * 8);
+    if start > 0 {
+        out.push('…');
+    }
+    let mut copied = 0usize;
+    let mut open = false;
+    for (position, token) in tokens.iter().enumerate() {
+        if position < start || position > range_end {
+            continue;
+        }
+        if start > 0 && position == start {
+            copied = token.start;
+        }
+        let run = runs.peek().copied();
+        if open && run.is_none_or(|(first, _)| position <= first) && token.start > copied {
+            out.push_str("**");
+            open = false;
+        }
+        if run.is_some_and(|(first, _)| first == position) && !open {
+            out.push_str(&text[copied..token.start]);
+            out.push_str("**");
+            copied = token.start;
+            open = true;
+        }
+        if run.is_some_and(|(_, last)| last == position) {
+            if !open {
+                out.push_str("**");
+                open = true;
+            }
+            out.push_str(&text[copied..token.end]);
+            copied = token.end;
+            runs.next();
+        }
+        if position == range_end {
+            if open {
+                if runs.peek().is_some_and(|(first, _)| position >= *first) {
+                    out.push_str(&text[copied..token.end]);
+                    copied = token.end;
+                }
+                out.push_str("**");
+                open = false;
+            }
+            out.push_str(&text[copied..token.end]);
+            copied = token.end;
+        }
+    }
+    if open {
+        out.push_str("**");
+    }
+    if range_end + 1 >= tokens.len() {
+        out.push_str(&text[copied..]);
+    } else {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::engine::parse;
+
+    /// Our snippets are FTS5's, byte for byte, on texts long and short, with words,
+    /// phrases, repeated and overlapping matches, sentences and diacritics.
+    #[test]
+    fn snippets_are_those_of_fts5() {
+        let connection = rusqlite::Connection::open_in_memory().expect("db");
+        connection
+            .execute_batch(
+                "CREATE VIRTUAL TABLE t USING fts5(x, tokenize = 'porter unicode61 remove_diacritics 2');",
+            )
+            .expect("fts5");
+        let long: String = (0..80)
+            .map(|i| match i % 17 {
+                3 => "The wombats dig. ".to_string(),
+                9 => "A big wombat: burrows everywhere, ".to_string(),
+                _ => format!("filler{} word{} ", i % 5, i % 7),
+            })
+            .collect();
+        let texts = [
+            "# A\n\nThe wombats were running through the big wombat burrow.\n",
+            "Café déjà vu, a big wombat digs. Then more text follows here for a while.",
+            long.as_str(),
+            "wombat wombat big wombat big big wombat",
+            "Nothing here. Or here: nothing. But then: the quick brown fox jumps over it.",
+        ];
+        let queries = [
+            "wombat",
+            "\"big wombat\"",
+            "wombat dig",
+            "\"big big\"",
+            "cafe",
+            "\"the quick brown\" fox",
+            "filler3",
+            "nothing",
+        ];
+        for (i, text) in texts.iter().enumerate() {
+            connection
+                .execute(
+                    "INSERT INTO t(rowid, x) VALUES (?1, ?2)",
+                    rusqlite::params![i as i64, text],
+                )
+                .expect("insert");
+        }
+        let mut compared = 0;
+        for (text_id, text) in texts.iter().enumerate() {
+            for query in queries {
+                for size in [5, 24] {
+                    let expected: Option<String> = connection
+                        .query_row(
+                            "SELECT snippet(t, 0, '**', '**', '…', ?3) FROM t WHERE t MATCH ?1 AND rowid = ?2",
+                            rusqlite::params![query, text_id as i64, size as i64],
+                            |row| row.get(0),
+                        )
+                        .ok();
+                    let Some(expected) = expected else {
+                        continue; // FTS5 does not match this text
+                    };
+                    let phrases = parse(query).expect("query");
+                    let ours = snippet(text, &phrases, size);
+                    assert_eq!(
+                        ours,
+                        Some(expected),
+                        "{query:?} in text {text_id} ({size} tokens)"
+                    );
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared >= 30, "only {compared} snippets compared");
+    }
+}
