@@ -11,6 +11,7 @@ pub mod procs;
 pub mod rebuild;
 pub mod report;
 pub mod run;
+pub mod search;
 pub mod sources;
 pub mod stats;
 pub mod sync;

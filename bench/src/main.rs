@@ -58,6 +58,12 @@ struct Args {
     /// writes no report
     #[arg(long, value_name = "BACKLOG")]
     sync: Option<usize>,
+    /// Only compare the ranked search index with FTS5 (issue 15), for each size, in
+    /// one run: cold index time and memory, the same searches to a daemon with the
+    /// index and one without (round-robin), rebuilds after losing the index or
+    /// state.db; prints the table and writes no report
+    #[arg(long)]
+    search: bool,
 }
 
 fn main() -> ExitCode {
@@ -117,6 +123,24 @@ fn run_main() -> Result<()> {
     }
     if args.tools {
         let rows = run::tools(&settings, &binaries)?;
+        print_results(&report::table(&rows), "");
+        return Ok(());
+    }
+    if args.search {
+        let load = procs::load_average();
+        let mut rows = Vec::new();
+        for &pages in &settings.sizes {
+            rows.extend(alexandria_bench::search::run(
+                &binaries,
+                settings.seed,
+                pages,
+                settings.iterations,
+            )?);
+        }
+        eprintln!(
+            "alexandria-bench: load average at start {load}, at end {}",
+            procs::load_average()
+        );
         print_results(&report::table(&rows), "");
         return Ok(());
     }

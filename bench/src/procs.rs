@@ -53,6 +53,8 @@ pub struct Home {
     pub binaries: Binaries,
     /// The daemon this benchmark started, to reap after it stops.
     daemon: Option<Child>,
+    /// Environment set for every command of this home (and so its daemon).
+    env: Vec<(String, String)>,
 }
 
 impl Home {
@@ -67,7 +69,13 @@ impl Home {
             root,
             binaries: binaries.clone(),
             daemon: None,
+            env: Vec::new(),
         })
+    }
+
+    /// Set `name` for every command run for this home from now on.
+    pub fn env(&mut self, name: &str, value: &str) {
+        self.env.push((name.to_string(), value.to_string()));
     }
 
     pub fn scratch(&self) -> PathBuf {
@@ -94,6 +102,9 @@ impl Home {
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
             .env_remove("ALEXANDRIA_LOG")
             .env_remove("ALEXANDRIA_FAULTS");
+        for (name, value) in &self.env {
+            command.env(name, value);
+        }
     }
 
     /// Run the CLI and require success; its stdout.
