@@ -50,14 +50,13 @@ enum Save {
 }
 
 /// An editor that, every 10 ms, reads the page, adds a line and saves it, until told
-/// to stop (and it saved 25 times). Returns the lines it saved.
+/// to stop. Returns the lines it saved.
 fn editor(root: &Path, save: Save, stop: Arc<AtomicBool>) -> Vec<String> {
     let page = root.join(PAGE);
     let temp = root.join("wiki/.race.md.swp");
     let mut saved = Vec::new();
     let mut n = 0;
-    // At least 25 saves, however fast the agents are done.
-    while !stop.load(Ordering::Acquire) || saved.len() < 25 {
+    while !stop.load(Ordering::Acquire) {
         let Ok(mut text) = std::fs::read_to_string(&page) else {
             std::thread::sleep(Duration::from_millis(10));
             continue;
