@@ -148,16 +148,18 @@ pub fn swap_in(target: &Path, bytes: &[u8], keep: &Path) -> std::io::Result<Swap
     }
     let mut file = File::create(keep)?;
     file.write_all(bytes)?;
+    let stat = file.metadata().ok();
+    drop(file);
     let (replaced, stat, named) = match exchange(keep, target) {
-        // Stat data after the move (a rename changes the ctime), for git's index.
-        Ok((replaced, named)) => (replaced, file.metadata().ok(), named),
+        Ok((replaced, named)) => (replaced, stat, named),
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error()) => {
             let temp = temp_path(target)?;
             let result = (|| {
                 let mut file = File::create(&temp)?;
                 file.write_all(bytes)?;
+                let stat = file.metadata().ok();
                 let (replaced, _) = exchange(&temp, target)?;
-                Ok::<_, std::io::Error>((replaced, file.metadata().ok()))
+                Ok::<_, std::io::Error>((replaced, stat))
             })();
             let _ = fs::remove_file(&temp);
             let (replaced, stat) = result?;
