@@ -328,8 +328,8 @@ fn complete(
             let id = session
                 .commit(&changes, &message, &author)
                 .map_err(git_error)?;
-            let finished = session.finish().map_err(git_error)?;
-            Ok(git2::Oid::from_str(&finished.id(&id.to_string()))?)
+            session.finish().map_err(git_error)?;
+            Ok(id)
         })?;
         Some(id.to_string())
     };

@@ -279,18 +279,10 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
                 watch,
             });
         }
-        let Some(session) = session else {
-            return Ok(Durable::default());
-        };
-        let finished = session.finish().map_err(git_error)?;
-        // Commits made again on top of a branch someone moved meanwhile.
-        for member in &mut members {
-            if let Ok((commit, _)) = &mut member.done {
-                *commit = finished.id(commit);
-            }
-            member.outside = follow(std::mem::take(&mut member.outside), &finished);
+        match session {
+            Some(session) => session.finish().map_err(git_error),
+            None => Ok(Durable::default()),
         }
-        Ok(finished.durable)
     });
     crash_point("after_commit");
     let recorded = committed.and_then(|durable| {
@@ -382,7 +374,7 @@ fn roll_back_group(store: &Store, root: &Path, start: Option<git2::Oid>, members
             // The group's commits, newest first, down to where it began.
             let mut found = Vec::new();
             let mut reached = false;
-            let mut cursor = session.tip()?;
+            let mut cursor = repo.head()?.peel_to_commit()?;
             for _ in 0..(4 * MAX_GROUP + 8) {
                 if Some(cursor.id()) == start {
                     reached = true;
@@ -434,7 +426,7 @@ fn roll_back_group(store: &Store, root: &Path, start: Option<git2::Oid>, members
                     undo(&mut session, root, &member.manifest)?;
                 }
             }
-            let head = session.tip()?.tree()?;
+            let head = repo.head()?.peel_to_tree()?;
             for member in members {
                 let path = &member.manifest.path;
                 let target = root.join(path);

@@ -224,10 +224,8 @@ fn commit_late(
         };
         let outside = std::mem::take(&mut page.outside);
         let replaced = std::mem::take(&mut page.late);
-        let finished = session.finish().map_err(git_error)?;
-        // Commits made again on top of a branch someone moved meanwhile.
-        let outside = super::follow(outside, &finished);
-        Ok((outside, finished.durable, now_in_place, replaced))
+        let durable = session.finish().map_err(git_error)?;
+        Ok((outside, durable, now_in_place, replaced))
     });
     let _ = fs::remove_dir_all(&dir);
     let (outside, _durable, now_in_place, replaced) = result?;

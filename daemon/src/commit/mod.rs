@@ -309,13 +309,9 @@ fn complete(
         // when the write itself ends in `stale_plan`.
         let finished = session.finish().map_err(git_error);
         match (done, finished) {
-            (Ok((commit, rev)), Ok(finished)) => Ok((
-                Ok((finished.id(&commit), rev)),
-                follow(outside, &finished),
-                finished.durable,
-            )),
-            (Err(error), Ok(finished)) if error.code == ErrorCode::StalePlan => {
-                Ok((Err(error), follow(outside, &finished), Durable::default()))
+            (Ok(done), Ok(written)) => Ok((Ok(done), outside, written)),
+            (Err(error), Ok(_)) if error.code == ErrorCode::StalePlan => {
+                Ok((Err(error), outside, Durable::default()))
             }
             (Err(error), _) | (Ok(_), Err(error)) => Err(error),
         }
@@ -362,19 +358,6 @@ type PageDone = (
     Vec<OutsideVersion>,
     Vec<late::Watch>,
 );
-
-/// The outside versions' commits as they ended (made again on top of a branch someone
-/// moved during the session: `git::Finished::id`).
-fn follow(outside: Vec<OutsideVersion>, finished: &git::Finished) -> Vec<OutsideVersion> {
-    outside
-        .into_iter()
-        .map(|version| OutsideVersion {
-            commit: finished.id(&version.commit),
-            previous_commit: finished.id(&version.previous_commit),
-            ..version
-        })
-        .collect()
-}
 
 /// Put a prepared run's page in place (or in the trash) and commit it in `session`.
 /// Returns the commit and the page's rev, and the outside versions committed before
@@ -684,9 +667,11 @@ impl Page<'_, '_> {
     /// already (a crash after the commit). Returns the commit and the page's rev.
     fn commit_run(&mut self, dir: &Path) -> ToolResult<(String, Option<String>)> {
         let manifest = self.manifest;
-        // The session's newest commit (earlier writes of the group are on it; HEAD's
-        // branch moves when the session finishes).
-        let head = self.session.tip().map_err(git_error)?;
+        let repo = self.session.repo();
+        let head = repo
+            .head()
+            .and_then(|h| h.peel_to_commit())
+            .map_err(git2_error)?;
         self.committed = head
             .tree()
             .ok()
@@ -820,7 +805,12 @@ impl Page<'_, '_> {
                 .and_then(|t| t.get_path(path).ok())
                 .map(|e| e.id().to_string())
         };
-        let mut cursor = self.session.tip().map_err(git_error)?;
+        let mut cursor = self
+            .session
+            .repo()
+            .head()
+            .and_then(|h| h.peel_to_commit())
+            .map_err(git2_error)?;
         for _ in 0..RECOVERY_DEPTH {
             let parent = cursor.parent(0).ok();
             if blob_at(&cursor).as_deref() == Some(rev) {
@@ -900,7 +890,14 @@ impl Page<'_, '_> {
         body: &str,
     ) -> ToolResult<()> {
         let rev = rev_of(bytes);
-        let previous = self.session.tip().map_err(git_error)?.id().to_string();
+        let previous = self
+            .session
+            .repo()
+            .head()
+            .and_then(|h| h.peel_to_commit())
+            .map_err(git2_error)?
+            .id()
+            .to_string();
         let path = &self.manifest.path;
         let message = message::outside(op, &format!("{op} {path}"), body);
         let author = git2::Signature::now("outside alexandria", "outside@alexandria.local")
@@ -1215,11 +1212,6 @@ pub(crate) fn git_error(error: git::GitError) -> ToolError {
             "wait for that git command to finish and retry; if no git command is running, remove .git/index.lock in the workspace",
         ),
         git::GitError::InUse(state) => repository_in_use(state),
-        git::GitError::Moved => ToolError::new(
-            ErrorCode::WorkspaceBusy,
-            "another git command moved the workspace's branch while alexandria was committing; nothing was changed",
-            "retry",
-        ),
         git::GitError::Git(error) => git2_error(error),
         git::GitError::Io { context, source } => io_error(context, source),
     }
@@ -1293,8 +1285,8 @@ pub fn commit_sources(
         let id = session
             .commit(&changes, message, &author)
             .map_err(git_error)?;
-        let finished = session.finish().map_err(git_error)?;
-        Ok(finished.id(&id.to_string()))
+        session.finish().map_err(git_error)?;
+        Ok(id.to_string())
     })
 }
 
@@ -1374,7 +1366,7 @@ pub(crate) fn roll_back(store: &Store, manifest: &Manifest) {
     let result = store.state(&manifest.workspace).with_repo(&root, |repo| {
         let mut session = git::Session::begin(repo, timeout)?;
         undo(&mut session, &root, manifest)?;
-        session.finish().map(drop)
+        session.finish()
     });
     if let Err(error) = result {
         tracing::error!(run = %manifest.run_id, %error, "roll back failed");
@@ -1395,7 +1387,7 @@ fn undo(
 ) -> Result<(), git::GitError> {
     let repo = session.repo();
     let target = root.join(&manifest.path);
-    let mut head = session.tip()?;
+    let mut head = repo.head()?.peel_to_commit()?;
     if head
         .message()
         .is_ok_and(|m| message::names_run(m, &manifest.run_id))
