@@ -196,8 +196,6 @@ struct Member {
     /// Commit and rev, or why not.
     done: ToolResult<(String, Option<String>)>,
     outside: Vec<OutsideVersion>,
-    /// What the run's swaps replaced, watched after the write (`late.rs`).
-    watch: Vec<late::Watch>,
 }
 
 /// Lock, prepare and commit each job, write git's index, record, flush, answer.
@@ -253,8 +251,7 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
                 continue;
             };
             let changed = Cell::new(false);
-            let (done, outside, watch) =
-                commit_page(open, &root, &manifest, &dir, &changed, false);
+            let (done, outside) = commit_page(open, &root, &manifest, &dir, &changed, false);
             if let Err(error) = &done
                 && error.code != ErrorCode::StalePlan
                 && changed.get()
@@ -276,7 +273,6 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
                 ticket: job.ticket,
                 done,
                 outside,
-                watch,
             });
         }
         match session {
@@ -337,9 +333,6 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
     crash_point("after_flush");
     for member in members {
         drop(member.cleanup);
-        for watch in member.watch {
-            late::watch(watch);
-        }
         member.ticket.set(match (member.done, &flushed) {
             (Err(error), _) => Err(error),
             (Ok(_), Err(error)) => Err(error.clone()),
