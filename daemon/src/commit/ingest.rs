@@ -352,19 +352,7 @@ impl Staging {
     /// Rename every staged file into place; returns the destinations.
     fn place(&mut self) -> ToolResult<Vec<PathBuf>> {
         for (temp, destination) in &self.staged {
-            // Never over a file that appeared there meanwhile (an editor's, a sync's).
-            if !super::place::restore(temp, destination)
-                .map_err(|e| io_error("copying into raw/", e))?
-            {
-                return Err(ToolError::new(
-                    alexandria_proto::ErrorCode::StalePlan,
-                    format!(
-                        "{} appeared while ingesting; nothing was changed",
-                        destination.display()
-                    ),
-                    "ingest again (it picks another name)",
-                ));
-            }
+            fs::rename(temp, destination).map_err(|e| io_error("copying into raw/", e))?;
             self.placed.push(destination.clone());
         }
         Ok(self.placed.clone())
