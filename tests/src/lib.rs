@@ -160,9 +160,14 @@ impl Env {
     }
 
     /// The pid the running daemon wrote into `run/daemon.pid`.
+    /// The pid in the home's pidfile, if that process is an `alexandriad`: a daemon
+    /// killed with -9 leaves its pidfile, and its pid may since belong to anything
+    /// (a test must never signal a stranger).
     pub fn daemon_pid(&self) -> Option<u32> {
         let text = std::fs::read_to_string(self.home.join("run/daemon.pid")).ok()?;
-        text.split_whitespace().next()?.parse().ok()
+        let pid: u32 = text.split_whitespace().next()?.parse().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (comm.trim() == "alexandriad").then_some(pid)
     }
 
     /// `alexandria mcp serve [--workspace slug]` as a command. The home gets a
