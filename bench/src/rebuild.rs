@@ -214,7 +214,8 @@ fn git(dir: &Path, args: &[&str]) -> Result<()> {
     git_output(dir, args).map(|_| ())
 }
 
-fn git_output(dir: &Path, args: &[&str]) -> Result<String> {
+/// `git args` in `dir` with a fixed identity and no user/system config; its stdout.
+pub(crate) fn git_output(dir: &Path, args: &[&str]) -> Result<String> {
     let output = Command::new("git")
         .args(args)
         .current_dir(dir)

@@ -278,25 +278,9 @@ struct SizeFigures {
 }
 
 fn git(workspace: &Path, args: &[&str]) -> Result<()> {
-    let output = Command::new("git")
-        .arg("-C")
-        .arg(workspace)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "bench")
-        .env("GIT_AUTHOR_EMAIL", "bench@localhost")
-        .env("GIT_COMMITTER_NAME", "bench")
-        .env("GIT_COMMITTER_EMAIL", "bench@localhost")
-        .output()
-        .context("cannot run git (needed to commit the generated corpus)")?;
-    if !output.status.success() {
-        bail!(
-            "git {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(())
+    crate::rebuild::git_output(workspace, args)
+        .map(|_| ())
+        .context("git is needed to commit the generated corpus")
 }
 
 /// Wait until the daemon's start-up catch-up has indexed the workspace: `search` waits
