@@ -233,6 +233,32 @@ impl Drop for Env {
 }
 
 /// True while `/proc/<pid>` exists and is not a zombie.
+/// Run git in `dir` as a person at the terminal would: this machine's git config left
+/// out, the identity `Hand <hand@example.com>`, no `GIT_DIR`/`GIT_INDEX_FILE` inherited.
+pub fn git_output(dir: &Path, args: &[&str]) -> Output {
+    Command::new("git")
+        .args(["-c", "user.name=Hand", "-c", "user.email=hand@example.com"])
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_INDEX_FILE")
+        .output()
+        .expect("git")
+}
+
+/// [`git_output`] that must succeed; its stdout.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let output = git_output(dir, args);
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => !stat

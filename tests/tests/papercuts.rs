@@ -5,27 +5,10 @@
 
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use alexandria_tests::{Env, call, error_code, make_pdf, text_of, wait_until};
+use alexandria_tests::{Env, call, error_code, git, make_pdf, text_of, wait_until};
 use serde_json::{Value, json};
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let output = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .expect("git");
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
 
 fn commit_count(env: &Env, workspace: &str) -> usize {
     git(

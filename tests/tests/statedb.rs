@@ -10,31 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use alexandria_tests::{Env, RawShim, process_alive, wait_until};
+use alexandria_tests::{Env, RawShim, git, process_alive, wait_until};
 use serde_json::{Value, json};
 
 /// The client name the raw shim announces, as history reports it.
 const CLIENT: &str = "raw-test 1";
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let output = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "Pat")
-        .env("GIT_AUTHOR_EMAIL", "pat@example.org")
-        .env("GIT_COMMITTER_NAME", "Pat")
-        .env("GIT_COMMITTER_EMAIL", "pat@example.org")
-        .output()
-        .expect("git");
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
 
 /// One acknowledged write: what history must list and search must find afterwards.
 #[derive(Debug, Clone)]

@@ -5,37 +5,14 @@
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use alexandria_tests::{Env, call, error_code, text_of, wait_until};
+use alexandria_tests::{Env, call, error_code, git, git_output, text_of, wait_until};
 use serde_json::{Value, json};
 
 /// Background sync off (a day), except where a test turns it on.
 const QUIET_CONFIG: &str = "[sync]\ninterval_secs = 86400\nquiet_secs = 86400\ntimeout_secs = 30\n";
-
-fn git_output(dir: &Path, args: &[&str]) -> Output {
-    Command::new("git")
-        .args(["-c", "user.name=Hand", "-c", "user.email=hand@example.com"])
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_INDEX_FILE")
-        .output()
-        .expect("git")
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let output = git_output(dir, args);
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
 
 /// A home whose config is `config`, initialised, with its daemon running.
 fn machine(config: &str) -> Env {

@@ -560,6 +560,29 @@ pub fn human_duration(secs: i64) -> String {
     }
 }
 
+/// One source's state in a line, for the CLI's list and the `sources` tool:
+/// "(kind[, auto]) target · every … · N pending · M captured · auth … · last check … · next …"
+/// and the last error, if any, after " · last error: ". `value` is [`describe`]'s answer.
+pub fn summary_line(source: &Source, value: &Value) -> String {
+    format!(
+        "({}{}) {} · every {} · {} pending · {} captured · auth {} · last check {} · next {}{}",
+        source.kind.as_str(),
+        if source.auto { ", auto" } else { "" },
+        value["target"].as_str().unwrap_or(""),
+        value["every"].as_str().unwrap_or(""),
+        value["pending"],
+        value["captured"],
+        value["auth"].as_str().unwrap_or("none"),
+        value["last_check"].as_str().unwrap_or("never"),
+        value["next_check"].as_str().unwrap_or("now"),
+        source
+            .last_error
+            .as_deref()
+            .map(|e| format!(" · last error: {e}"))
+            .unwrap_or_default(),
+    )
+}
+
 /// Sources of one workspace, or of all: (text, JSON list).
 pub fn list(store: &Store, workspace: Option<&str>) -> ToolResult<(String, Value)> {
     if let Some(slug) = workspace {
@@ -572,23 +595,10 @@ pub fn list(store: &Store, workspace: Option<&str>) -> ToolResult<(String, Value
         let value = describe(&connection, store, &source)?;
         let _ = writeln!(
             text,
-            "{}/{} ({}{}) {}\n  every {} · {} pending · {} captured · auth {} · last check {} · next {}{}",
+            "{}/{} {}",
             source.workspace,
             source.name,
-            source.kind.as_str(),
-            if source.auto { ", auto" } else { "" },
-            value["target"].as_str().unwrap_or(""),
-            value["every"].as_str().unwrap_or(""),
-            value["pending"],
-            value["captured"],
-            value["auth"].as_str().unwrap_or(""),
-            value["last_check"].as_str().unwrap_or("never"),
-            value["next_check"].as_str().unwrap_or("now"),
-            source
-                .last_error
-                .as_deref()
-                .map(|e| format!("\n  error: {e}"))
-                .unwrap_or_default(),
+            summary_line(&source, &value)
         );
         out.push(value);
     }

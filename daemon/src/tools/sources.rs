@@ -29,22 +29,9 @@ pub fn sources(store: &Store, binding: &Binding, params: SourcesParams) -> ToolR
         let value = sources::describe(&connection, store, &source)?;
         let _ = writeln!(
             text,
-            "- {} ({}{}): {} · every {} · {} pending, {} captured · last check {} · next {} · auth {}{}",
+            "- {} {}",
             source.name,
-            source.kind.as_str(),
-            if source.auto { ", auto" } else { "" },
-            value["target"].as_str().unwrap_or(""),
-            value["every"].as_str().unwrap_or(""),
-            value["pending"],
-            value["captured"],
-            value["last_check"].as_str().unwrap_or("never"),
-            value["next_check"].as_str().unwrap_or("now"),
-            value["auth"].as_str().unwrap_or("none"),
-            source
-                .last_error
-                .as_deref()
-                .map(|e| format!(" · last error: {e}"))
-                .unwrap_or_default(),
+            sources::summary_line(&source, &value)
         );
         list.push(value);
     }
