@@ -12,6 +12,7 @@ pub mod rebuild;
 pub mod report;
 pub mod run;
 pub mod search;
+pub mod soak;
 pub mod sources;
 pub mod stats;
 pub mod sync;

@@ -64,6 +64,12 @@ struct Args {
     /// state.db; prints the table and writes no report
     #[arg(long)]
     search: bool,
+    /// Only check that a long-running daemon stays flat (issue 15): after the cold
+    /// index, four clients send mixed calls (searches, reads, guide, history, writes)
+    /// for this many seconds; the daemon's RSS after the cold index, under the load
+    /// and after idling, for each size; prints the table and writes no report
+    #[arg(long, value_name = "SECONDS")]
+    soak: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -141,6 +147,19 @@ fn run_main() -> Result<()> {
             "alexandria-bench: load average at start {load}, at end {}",
             procs::load_average()
         );
+        print_results(&report::table(&rows), "");
+        return Ok(());
+    }
+    if let Some(seconds) = args.soak {
+        let mut rows = Vec::new();
+        for &pages in &settings.sizes {
+            rows.extend(alexandria_bench::soak::run(
+                &settings,
+                &binaries,
+                pages,
+                std::time::Duration::from_secs(seconds),
+            )?);
+        }
         print_results(&report::table(&rows), "");
         return Ok(());
     }

@@ -285,14 +285,14 @@ fn git(workspace: &Path, args: &[&str]) -> Result<()> {
 
 /// Wait until the daemon's start-up catch-up has indexed the workspace: `search` waits
 /// for it (`guide` answers at once, with "indexing, N of M").
-fn wait_for_index(client: &mut dyn Mcp) -> Result<()> {
+pub fn wait_for_index(client: &mut dyn Mcp) -> Result<()> {
     client.call_tool("search", json!({"query": "index", "limit": 1}))?;
     Ok(())
 }
 
 /// Wait (≤ 10 min) until `guide` reports the search index ready with nothing queued;
 /// returns how long that took.
-fn wait_for_search_index(client: &mut dyn Mcp) -> Result<Duration> {
+pub fn wait_for_search_index(client: &mut dyn Mcp) -> Result<Duration> {
     let started = Instant::now();
     loop {
         let guide = client.call_tool("guide", json!({}))?;
@@ -310,7 +310,7 @@ fn wait_for_search_index(client: &mut dyn Mcp) -> Result<Duration> {
 }
 
 /// Number of hits of a search, asking for up to 1000.
-fn hit_count(client: &mut dyn Mcp, query: &str) -> Result<usize> {
+pub fn hit_count(client: &mut dyn Mcp, query: &str) -> Result<usize> {
     let result = client.call_tool("search", json!({"query": query, "limit": 1000}))?;
     result["structuredContent"]["hits"]
         .as_array()
@@ -649,7 +649,7 @@ fn corpus_size(
 
 /// A home whose benchmark workspace holds a generated corpus of `pages` pages,
 /// committed to git with the git CLI; the daemon is stopped.
-fn corpus_home(
+pub fn corpus_home(
     settings: &Settings,
     binaries: &Binaries,
     pages: usize,
@@ -681,7 +681,7 @@ fn corpus_home(
 
 /// Search finds every planted marker word in exactly the pages it was planted in, and
 /// the planted phrase at least as often.
-fn check_planted(client: &mut dyn Mcp, corpus: &Corpus) -> Result<()> {
+pub fn check_planted(client: &mut dyn Mcp, corpus: &Corpus) -> Result<()> {
     for marker in &corpus.markers {
         let found = hit_count(client, &marker.word)?;
         if found != marker.pages {
@@ -894,14 +894,14 @@ fn tool_latencies(
 }
 
 /// One read-only tool call the benchmark times: its row name, tool and arguments.
-struct ToolCase {
-    figure: String,
-    tool: &'static str,
+pub struct ToolCase {
+    pub figure: String,
+    pub tool: &'static str,
     kind: Kind,
-    args: Box<dyn Fn(usize) -> Value>,
+    pub args: Box<dyn Fn(usize) -> Value + Send + Sync>,
 }
 
-fn tool_cases(corpus: &Corpus) -> Result<Vec<ToolCase>> {
+pub fn tool_cases(corpus: &Corpus) -> Result<Vec<ToolCase>> {
     let rare = corpus
         .marker(10)
         .or_else(|| corpus.markers.first())
@@ -914,12 +914,13 @@ fn tool_cases(corpus: &Corpus) -> Result<Vec<ToolCase>> {
     let pdfs = corpus.pdfs.clone();
     let common = corpus.common_word.clone();
     let rare_word = rare.word.clone();
-    let case = |figure: String, tool, kind, args: Box<dyn Fn(usize) -> Value>| ToolCase {
-        figure,
-        tool,
-        kind,
-        args,
-    };
+    let case =
+        |figure: String, tool, kind, args: Box<dyn Fn(usize) -> Value + Send + Sync>| ToolCase {
+            figure,
+            tool,
+            kind,
+            args,
+        };
     Ok(vec![
         case(
             format!(
