@@ -613,12 +613,47 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
     let client = env.client(Some("lab")).await?;
     let root = env.workspace_dir("lab");
     let mut lost = 0;
+    let mut report = String::new();
     for (path, rev) in &acknowledged {
         let on_disk = std::fs::read(root.join(path)).ok();
         let in_git = git_rev(&root, path);
         if on_disk.is_none() || in_git.as_deref() != Some(rev.as_str()) {
             lost += 1;
+            report.push_str(&format!(
+                "lost {path}: acknowledged rev {rev}, on disk {}, in HEAD {in_git:?}\n{}",
+                on_disk.is_some(),
+                git(
+                    &root,
+                    &["log", "--all", "--format=  %h %an: %s", "--", path]
+                )
+            ));
         }
+    }
+    let deleted = git(
+        &root,
+        &["log", "--diff-filter=D", "--name-only", "--format=%h %s"],
+    );
+    let status = git(&root, &["status", "--porcelain"]);
+    if lost > 0 || !deleted.trim().is_empty() || !status.is_empty() {
+        // Keep the home for a look at the daemon's log and the run directories.
+        let keep = std::path::PathBuf::from(format!(
+            "/tmp/alx-kill-loop-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0)
+        ));
+        let _ = Command::new("cp")
+            .args(["-a"])
+            .arg(env.dir.path())
+            .arg(&keep)
+            .status();
+        eprintln!(
+            "kill loop failed; home kept in {}\n{report}deleted:\n{deleted}\nstatus:\n{status}\nlog:\n{}",
+            keep.display(),
+            git(&root, &["log", "-n", "40", "--format=%h %an: %s"])
+        );
     }
     // Every page of history (it is paged: 500 entries at most per call).
     let mut logged = std::collections::HashSet::new();
@@ -657,15 +692,11 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
             "{path} (hand commit) not in HEAD"
         );
     }
-    let deleted = git(
-        &root,
-        &["log", "--diff-filter=D", "--name-only", "--format=%h %s"],
-    );
     assert!(
         deleted.trim().is_empty(),
         "commits deleted paths:\n{deleted}"
     );
-    assert_eq!(git(&root, &["status", "--porcelain"]), "");
+    assert_eq!(status, "");
     git(&root, &["fsck"]);
     eprintln!(
         "kill loop: {rounds} kills, {} acknowledged writes checked, {lost} lost",
