@@ -3,6 +3,8 @@
 //! - `delay:<tool>:<ms>`: sleep before running `<tool>`, so a test can act while a call
 //!   is in flight (for example kill the daemon). `delay:shutdown:<ms>` makes the last
 //!   step of a shutdown slow (the pidfile is still locked), for the stop/start tests.
+//! - `delay:swap:<ms>`: sleep before a write swaps its page in (after it planned the
+//!   write), so a test can save the page as an editor would in between.
 //! - `crash:<point>`: kill the process when execution reaches `<point>` (used by the
 //!   write path's crash-safety tests).
 //! - `panic:<tool>`: panic inside `<tool>` (the daemon must survive it).

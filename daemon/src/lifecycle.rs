@@ -487,6 +487,7 @@ async fn wait_for_signal(context: Arc<DaemonContext>) {
 async fn keep_index_current(context: Arc<DaemonContext>) {
     crate::index::engine::start(&context.store);
     crate::commit::watch::spawn(Arc::clone(&context.store));
+    crate::commit::late::spawn(Arc::clone(&context.store));
 }
 
 /// Delete old `logs/mcp-<date>.jsonl` files at start and then daily.

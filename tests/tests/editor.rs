@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use alexandria_tests::{Env, call, error_code};
+use alexandria_tests::{Env, call, error_code, wait_until};
 use serde_json::{Value, json};
 
 const PAGE: &str = "wiki/race.md";
@@ -43,18 +43,21 @@ fn added_lines(root: &Path, path: &str) -> HashSet<String> {
 enum Save {
     /// Write a temporary file and rename it over the page (most editors).
     Rename,
-    /// Truncate the page and write it in place.
+    /// Open the page, then truncate it and write in place. The open comes 15 ms before
+    /// the write (a slow editor, or a large page), so that a write's swap often falls
+    /// between them and the save lands in the file the swap replaced, after the write.
     InPlace,
 }
 
 /// An editor that, every 10 ms, reads the page, adds a line and saves it, until told
-/// to stop. Returns the lines it saved.
+/// to stop (and it saved 25 times). Returns the lines it saved.
 fn editor(root: &Path, save: Save, stop: Arc<AtomicBool>) -> Vec<String> {
     let page = root.join(PAGE);
     let temp = root.join("wiki/.race.md.swp");
     let mut saved = Vec::new();
     let mut n = 0;
-    while !stop.load(Ordering::Acquire) {
+    // At least 25 saves, however fast the agents are done.
+    while !stop.load(Ordering::Acquire) || saved.len() < 25 {
         let Ok(mut text) = std::fs::read_to_string(&page) else {
             std::thread::sleep(Duration::from_millis(10));
             continue;
@@ -70,7 +73,15 @@ fn editor(root: &Path, save: Save, stop: Arc<AtomicBool>) -> Vec<String> {
                 std::fs::write(&temp, &text).expect("editor temp");
                 std::fs::rename(&temp, &page).expect("editor rename");
             }
-            Save::InPlace => std::fs::write(&page, &text).expect("editor write"),
+            Save::InPlace => {
+                use std::io::Write as _;
+                let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(&page) else {
+                    continue;
+                };
+                std::thread::sleep(Duration::from_millis(15));
+                file.set_len(0).expect("editor truncate");
+                file.write_all(text.as_bytes()).expect("editor write");
+            }
         }
         saved.push(line);
         n += 1;
@@ -182,7 +193,12 @@ async fn editor_against_agents(save: Save) -> anyhow::Result<()> {
         saved.len()
     );
 
-    let in_git = added_lines(&root, PAGE);
+    // A save into a file a write replaced is found within a few seconds after it.
+    let mut in_git = added_lines(&root, PAGE);
+    wait_until(Duration::from_secs(10), || {
+        in_git = added_lines(&root, PAGE);
+        saved.iter().all(|l| in_git.contains(l))
+    });
     let lost_saves: Vec<&String> = saved.iter().filter(|l| !in_git.contains(*l)).collect();
     assert!(
         lost_saves.is_empty(),
@@ -210,6 +226,14 @@ async fn editor_against_agents(save: Save) -> anyhow::Result<()> {
     )
     .await?;
     let mut before: Vec<String> = Vec::new();
+    let late = history_entries(&history)
+        .iter()
+        .filter(|e| {
+            e["summary"]
+                .as_str()
+                .is_some_and(|s| s.contains("after that write"))
+        })
+        .count();
     for entry in history_entries(&history) {
         if let Some(commit) = entry["previous_commit"].as_str() {
             before.push(git(&root, &["show", &format!("{commit}:{PAGE}")]));
@@ -233,7 +257,7 @@ async fn editor_against_agents(save: Save) -> anyhow::Result<()> {
         unexplained.len()
     );
     eprintln!(
-        "editor: {} saves; agents: {} acknowledged, errors {errors:?}; {} lines gone from the page, all explained",
+        "editor: {} saves ({late} found after the write in the file it replaced); agents: {} acknowledged, errors {errors:?}; {} lines gone from the page, all explained",
         saved.len(),
         acknowledged.len(),
         acknowledged
@@ -254,4 +278,125 @@ async fn an_editor_saving_by_rename_while_agents_write_loses_nothing() -> anyhow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_editor_saving_in_place_while_agents_write_loses_nothing() -> anyhow::Result<()> {
     editor_against_agents(Save::InPlace).await
+}
+
+/// A daemon killed right after its swap replaced an editor's save (before it could
+/// commit that version): started again, it commits the save as an outside edit whose
+/// history entry names the commit before it; no acknowledged write is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_the_swap_keeps_the_editors_save() -> anyhow::Result<()> {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
+    )
+    .await?;
+    assert!(error_code(&created).is_none(), "{created}");
+    let acknowledged: Vec<String> = (0..3).map(|n| format!("acknowledged k{n}")).collect();
+    for line in &acknowledged {
+        let result = call(
+            &client,
+            "write",
+            json!({"command": "append", "path": PAGE, "content": line}),
+        )
+        .await?;
+        assert!(error_code(&result).is_none(), "{result}");
+    }
+    client.cancel().await?;
+    env.ok(&["daemon", "stop"]);
+
+    // The next daemon waits 3 s between planning a write and swapping it in, and dies
+    // right after the swap.
+    let crashing = Env {
+        dir: alexandria_tests::short_tempdir(),
+        home: env.home.clone(),
+        faults: Some("delay:swap:3000,crash:after_swap".into()),
+        vars: Vec::new(),
+    };
+    let client = crashing.client(Some("lab")).await?;
+    let write = tokio::spawn(async move {
+        let result = call(
+            &client,
+            "write",
+            json!({"command": "append", "path": PAGE, "content": "agent line never acknowledged"}),
+        )
+        .await;
+        drop(client);
+        result
+    });
+    let runs = root.join("runs");
+    let prepared = wait_until(Duration::from_secs(20), || {
+        std::fs::read_dir(&runs).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.path().join("prepared.json").exists())
+        })
+    });
+    assert!(prepared, "the write was never prepared");
+    // The editor saves now, between the plan and the swap (by rename, as most do).
+    let page = root.join(PAGE);
+    let mut text = std::fs::read_to_string(&page)?;
+    text.push_str("editor save swapped out by the crashed write\n");
+    std::fs::write(root.join("wiki/.race.md.swp"), &text)?;
+    std::fs::rename(root.join("wiki/.race.md.swp"), &page)?;
+    let result = write.await?;
+    assert!(
+        result.is_err(),
+        "the write must not be acknowledged: {result:?}"
+    );
+    assert!(wait_until(Duration::from_secs(10), || {
+        crashing
+            .daemon_pid()
+            .is_none_or(|p| !alexandria_tests::process_alive(p))
+    }));
+
+    // Started again without faults: recovery runs before serving.
+    let client = env.client(Some("lab")).await?;
+    let in_git = added_lines(&root, PAGE);
+    assert!(
+        in_git.contains("editor save swapped out by the crashed write"),
+        "the editor's save is not in git"
+    );
+    let final_text = std::fs::read_to_string(&page)?;
+    assert!(
+        final_text.contains("editor save swapped out by the crashed write"),
+        "the editor's save is not on the page: {final_text}"
+    );
+    for line in &acknowledged {
+        assert!(in_git.contains(line), "{line} is not in git");
+        assert!(
+            final_text.contains(line.as_str()),
+            "{line} is not on the page"
+        );
+    }
+    let history = call(
+        &client,
+        "history",
+        json!({"path": PAGE, "limit": 50, "op": "outside_edit"}),
+    )
+    .await?;
+    let explained = history_entries(&history).iter().any(|entry| {
+        let (Some(commit), Some(previous)) =
+            (entry["commit"].as_str(), entry["previous_commit"].as_str())
+        else {
+            return false;
+        };
+        git(&root, &["show", &format!("{commit}:{PAGE}")])
+            .contains("editor save swapped out by the crashed write")
+            && git(&root, &["show", &format!("{previous}:{PAGE}")]).contains("acknowledged k2")
+    });
+    assert!(
+        explained,
+        "no outside edit in history holds the editor's save: {history}"
+    );
+    assert_eq!(std::fs::read_dir(&runs)?.count(), 0, "runs left");
+    git(&root, &["fsck", "--no-progress"]);
+    client.cancel().await?;
+    drop(crashing);
+    Ok(())
 }

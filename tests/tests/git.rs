@@ -228,6 +228,97 @@ async fn hand_commits_stash_and_commit_all_between_agent_writes_lose_nothing() -
     Ok(())
 }
 
+/// A person commits by hand in a tight loop (`git add` + `git commit`, and `commit -a`)
+/// while three agent sessions write. `git commit` reads HEAD and git's index before it
+/// takes `.git/index.lock`: if the daemon moved HEAD before it rewrote the index, such a
+/// commit recorded a tree without the daemon's newest pages on top of the daemon's
+/// commit, deleting them (found by the kill loop under load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_commits_in_a_tight_loop_never_delete_an_agent_page() -> anyhow::Result<()> {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let root = env.workspace_dir("lab");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    let person_root = root.clone();
+    let person_done = std::sync::Arc::clone(&done);
+    let person = tokio::task::spawn_blocking(move || {
+        let root = person_root;
+        let mut n = 0;
+        while !person_done.load(std::sync::atomic::Ordering::SeqCst) {
+            let path = format!("wiki/hand{n}.md");
+            std::fs::write(root.join(&path), format!("hand {n}\n"))?;
+            git(&root, &["add", &path]);
+            git(&root, &["commit", "-q", "-m", &format!("hand {n}")]);
+            std::fs::write(root.join(&path), format!("hand {n}, edited\n"))?;
+            git(
+                &root,
+                &["commit", "-q", "-a", "-m", &format!("hand {n} -a")],
+            );
+            n += 1;
+        }
+        anyhow::Ok(n)
+    });
+
+    let mut writers = Vec::new();
+    for session in 0..3 {
+        let client = env.client(Some("lab")).await?;
+        writers.push(tokio::spawn(async move {
+            let mut created = Vec::new();
+            for n in 0..50 {
+                let path = format!("wiki/ag{session}/{n}.md");
+                let result = call(
+                    &client,
+                    "write",
+                    json!({"command": "create", "path": path, "content": format!("# A {session} {n}\n")}),
+                )
+                .await?;
+                anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
+                let rev = result["structuredContent"]["rev"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                created.push((path, rev));
+            }
+            client.cancel().await?;
+            anyhow::Ok(created)
+        }));
+    }
+    let mut created = Vec::new();
+    for writer in writers {
+        created.extend(writer.await??);
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let hand = person.await??;
+    assert!(hand > 0);
+
+    let deleted = deletions(&root);
+    assert!(
+        deleted.trim().is_empty(),
+        "commits deleted paths:\n{deleted}"
+    );
+    let missing: Vec<&String> = created
+        .iter()
+        .filter(|(path, rev)| head_rev(&root, path).as_deref() != Some(rev.as_str()))
+        .map(|(path, _)| path)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged pages not in HEAD: {missing:?}",
+        missing.len(),
+        created.len()
+    );
+    for n in 0..hand {
+        assert!(
+            head_rev(&root, &format!("wiki/hand{n}.md")).is_some(),
+            "hand{n} not in HEAD"
+        );
+    }
+    assert_eq!(porcelain(&root), BTreeSet::new());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_workspaces_start_on_main_and_a_switched_branch_is_followed() -> anyhow::Result<()> {
     let env = lab_env(Env::new());

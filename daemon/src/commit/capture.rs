@@ -5,8 +5,11 @@
 //!    (`capture.json`, state `staged`).
 //! 2. Lock the workspace; choose each file's final name (never overwriting anything:
 //!    `raw/` is immutable); the manifest becomes `prepared` (`capture-prepared.json`).
-//! 3. Complete: rename the staged files into `raw/` (a rename is atomic, so a crash never
-//!    leaves a half-written raw file), one git commit (`run: <id>` in the message), one
+//! 3. Complete: store each staged file's bytes as a git blob, then rename it into `raw/`
+//!    (a rename is atomic, so a crash never leaves a half-written raw file; it never
+//!    replaces a file that appeared there meanwhile: the capture is undone instead), one
+//!    git commit of those blobs (the bytes captured, never re-read from `raw/`, where
+//!    someone may edit the file already; `run: <id>` in the message), one
 //!    SQLite transaction (`runs`, the items, the index, an event), remove the run
 //!    directory. Release the lock, flush to disk, and only then report success.
 //!
@@ -256,8 +259,30 @@ fn complete(
             if let Some(parent) = target.parent() {
                 fs::create_dir_all(parent).map_err(|e| io_error("creating raw/sources", e))?;
             }
-            fs::rename(dir.join(&file.staged), &target)
-                .map_err(|e| io_error("moving a captured file into raw/", e))?;
+            let staged = dir.join(&file.staged);
+            let bytes = fs::read(&staged).map_err(|e| io_error("reading a staged file", e))?;
+            store_blob(store, workspace, &bytes, &file.rev)?;
+            // Never over a file that appeared meanwhile (someone else's).
+            if !super::place::restore(&staged, &target)
+                .map_err(|e| io_error("moving a captured file into raw/", e))?
+            {
+                return Err(ToolError::internal(
+                    "capturing",
+                    format!("{} appeared while the capture ran", file.path),
+                ));
+            }
+        } else {
+            // Moved before a crash: its blob was stored before the move.
+            let stored = state
+                .with_repo(&root, |repo| {
+                    git2::Oid::from_str(&file.rev).map(|id| repo.odb().is_ok_and(|o| o.exists(id)))
+                })
+                .unwrap_or(false);
+            if !stored {
+                let bytes =
+                    fs::read(&target).map_err(|e| io_error("reading a captured file", e))?;
+                store_blob(store, workspace, &bytes, &file.rev)?;
+            }
         }
         moved.push(file.path.as_str());
         crash_point("capture_after_move");
@@ -283,17 +308,18 @@ fn complete(
             if head.message().is_ok_and(|m| m.contains(&marker)) {
                 return Ok(head.id());
             }
-            let contents: Vec<Vec<u8>> = moved
+            let blobs: Vec<git2::Oid> = manifest
+                .files
                 .iter()
-                .map(|path| fs::read(root.join(path)))
-                .collect::<Result<_, _>>()
-                .map_err(|e| io_error("reading a captured file", e))?;
+                .filter(|f| !f.existing)
+                .map(|f| git2::Oid::from_str(&f.rev))
+                .collect::<Result<_, _>>()?;
             let changes: Vec<git::Change<'_>> = moved
                 .iter()
-                .zip(&contents)
-                .map(|(path, bytes)| git::Change {
+                .zip(&blobs)
+                .map(|(path, blob)| git::Change {
                     path,
-                    content: git::Content::Bytes(bytes),
+                    content: git::Content::Blob(*blob),
                     stat: None,
                 })
                 .collect();
@@ -302,8 +328,8 @@ fn complete(
             let id = session
                 .commit(&changes, &message, &author)
                 .map_err(git_error)?;
-            session.finish().map_err(git_error)?;
-            Ok(id)
+            let finished = session.finish().map_err(git_error)?;
+            Ok(git2::Oid::from_str(&finished.id(&id.to_string()))?)
         })?;
         Some(id.to_string())
     };
@@ -336,6 +362,18 @@ fn complete(
     transaction.commit()?;
     let _ = fs::remove_dir_all(&dir);
     Ok(captured)
+}
+
+/// Store `bytes` (a captured file, rev `rev`) as a blob of the workspace's repository.
+fn store_blob(store: &Store, workspace: &str, bytes: &[u8], rev: &str) -> ToolResult<()> {
+    let blob = super::store_blob(store, workspace, bytes)?;
+    if blob.to_string() != rev {
+        return Err(ToolError::internal(
+            "capturing",
+            "a staged file does not hold the bytes captured",
+        ));
+    }
+    Ok(())
 }
 
 /// Undo a capture that cannot be completed, so that files, git and SQLite agree on

@@ -196,6 +196,8 @@ struct Member {
     /// Commit and rev, or why not.
     done: ToolResult<(String, Option<String>)>,
     outside: Vec<OutsideVersion>,
+    /// What the run's swaps replaced, watched after the write (`late.rs`).
+    watch: Vec<late::Watch>,
 }
 
 /// Lock, prepare and commit each job, write git's index, record, flush, answer.
@@ -251,7 +253,8 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
                 continue;
             };
             let changed = Cell::new(false);
-            let (done, outside) = commit_page(open, &root, &manifest, &dir, &changed, false);
+            let (done, outside, watch) =
+                commit_page(open, &root, &manifest, &dir, &changed, false);
             if let Err(error) = &done
                 && error.code != ErrorCode::StalePlan
                 && changed.get()
@@ -273,12 +276,21 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
                 ticket: job.ticket,
                 done,
                 outside,
+                watch,
             });
         }
-        match session {
-            Some(session) => session.finish().map_err(git_error),
-            None => Ok(Durable::default()),
+        let Some(session) = session else {
+            return Ok(Durable::default());
+        };
+        let finished = session.finish().map_err(git_error)?;
+        // Commits made again on top of a branch someone moved meanwhile.
+        for member in &mut members {
+            if let Ok((commit, _)) = &mut member.done {
+                *commit = finished.id(commit);
+            }
+            member.outside = follow(std::mem::take(&mut member.outside), &finished);
         }
+        Ok(finished.durable)
     });
     crash_point("after_commit");
     let recorded = committed.and_then(|durable| {
@@ -333,6 +345,9 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
     crash_point("after_flush");
     for member in members {
         drop(member.cleanup);
+        for watch in member.watch {
+            late::watch(watch);
+        }
         member.ticket.set(match (member.done, &flushed) {
             (Err(error), _) => Err(error),
             (Ok(_), Err(error)) => Err(error.clone()),
@@ -367,7 +382,7 @@ fn roll_back_group(store: &Store, root: &Path, start: Option<git2::Oid>, members
             // The group's commits, newest first, down to where it began.
             let mut found = Vec::new();
             let mut reached = false;
-            let mut cursor = repo.head()?.peel_to_commit()?;
+            let mut cursor = session.tip()?;
             for _ in 0..(4 * MAX_GROUP + 8) {
                 if Some(cursor.id()) == start {
                     reached = true;
@@ -419,7 +434,7 @@ fn roll_back_group(store: &Store, root: &Path, start: Option<git2::Oid>, members
                     undo(&mut session, root, &member.manifest)?;
                 }
             }
-            let head = repo.head()?.peel_to_tree()?;
+            let head = session.tip()?.tree()?;
             for member in members {
                 let path = &member.manifest.path;
                 let target = root.join(path);

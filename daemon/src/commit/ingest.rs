@@ -352,7 +352,19 @@ impl Staging {
     /// Rename every staged file into place; returns the destinations.
     fn place(&mut self) -> ToolResult<Vec<PathBuf>> {
         for (temp, destination) in &self.staged {
-            fs::rename(temp, destination).map_err(|e| io_error("copying into raw/", e))?;
+            // Never over a file that appeared there meanwhile (an editor's, a sync's).
+            if !super::place::restore(temp, destination)
+                .map_err(|e| io_error("copying into raw/", e))?
+            {
+                return Err(ToolError::new(
+                    alexandria_proto::ErrorCode::StalePlan,
+                    format!(
+                        "{} appeared while ingesting; nothing was changed",
+                        destination.display()
+                    ),
+                    "ingest again (it picks another name)",
+                ));
+            }
             self.placed.push(destination.clone());
         }
         Ok(self.placed.clone())

@@ -22,6 +22,7 @@
 pub mod capture;
 mod group;
 pub mod ingest;
+pub mod late;
 pub mod place;
 pub mod rebuild;
 pub mod recover;
@@ -258,6 +259,8 @@ struct OutsideVersion {
     op: &'static str,
     commit: String,
     previous_commit: String,
+    /// The history entry's text.
+    summary: String,
 }
 
 /// Carry a prepared run to the end: file in place, git commit(s), SQLite, run dir gone.
@@ -301,14 +304,18 @@ fn complete(
     let timeout = git_lock_timeout(store);
     let (done, outside, mut durable) = state.with_repo(&root, |repo| -> ToolResult<_> {
         let mut session = git::Session::begin(repo, timeout).map_err(git_error)?;
-        let (done, outside) = commit_page(&mut session, &root, manifest, &dir, changed, true);
+        let (done, outside, _) = commit_page(&mut session, &root, manifest, &dir, changed, true);
         // Whatever was committed (outside versions too) reaches git's index, also
         // when the write itself ends in `stale_plan`.
         let finished = session.finish().map_err(git_error);
         match (done, finished) {
-            (Ok(done), Ok(written)) => Ok((Ok(done), outside, written)),
-            (Err(error), Ok(_)) if error.code == ErrorCode::StalePlan => {
-                Ok((Err(error), outside, Durable::default()))
+            (Ok((commit, rev)), Ok(finished)) => Ok((
+                Ok((finished.id(&commit), rev)),
+                follow(outside, &finished),
+                finished.durable,
+            )),
+            (Err(error), Ok(finished)) if error.code == ErrorCode::StalePlan => {
+                Ok((Err(error), follow(outside, &finished), Durable::default()))
             }
             (Err(error), _) | (Ok(_), Err(error)) => Err(error),
         }
@@ -348,6 +355,27 @@ fn complete(
     })
 }
 
+/// What `commit_page` hands back: the run's commit and rev (or why not), the outside
+/// versions committed before it, and the replaced files to watch after the write.
+type PageDone = (
+    ToolResult<(String, Option<String>)>,
+    Vec<OutsideVersion>,
+    Vec<late::Watch>,
+);
+
+/// The outside versions' commits as they ended (made again on top of a branch someone
+/// moved during the session: `git::Finished::id`).
+fn follow(outside: Vec<OutsideVersion>, finished: &git::Finished) -> Vec<OutsideVersion> {
+    outside
+        .into_iter()
+        .map(|version| OutsideVersion {
+            commit: finished.id(&version.commit),
+            previous_commit: finished.id(&version.previous_commit),
+            ..version
+        })
+        .collect()
+}
+
 /// Put a prepared run's page in place (or in the trash) and commit it in `session`.
 /// Returns the commit and the page's rev, and the outside versions committed before
 /// it (kept also when the run ends in `stale_plan`).
@@ -358,20 +386,21 @@ fn commit_page(
     dir: &Path,
     changed: &Cell<bool>,
     recovering: bool,
-) -> (ToolResult<(String, Option<String>)>, Vec<OutsideVersion>) {
+) -> PageDone {
     let target = root.join(&manifest.path);
-    let mut page = Page {
-        session,
-        manifest,
-        root,
-        target: &target,
-        committed: None,
-        outside: Vec::new(),
-        changed,
-        recovering,
-    };
+    let mut page = Page::new(session, manifest, root, &target, dir, changed, recovering);
     let done = page.commit_run(dir);
-    (done, page.outside)
+    // Every file a swap replaced may be open in an editor that saves into it later.
+    let placed = match &done {
+        Ok((_, rev)) => rev.clone(),
+        Err(_) => fs::read(&target).ok().map(|b| revision(&b)),
+    };
+    let watches = std::mem::take(&mut page.late)
+        .into_iter()
+        .filter(place::Replaced::is_open)
+        .map(|replaced| late::Watch::new(manifest, placed.clone(), replaced))
+        .collect();
+    (done, page.outside, watches)
 }
 
 /// The SQLite rows of a run: its outside versions, and when it was committed
@@ -387,18 +416,14 @@ fn record(
     let workspace = &manifest.workspace;
     for version in outside {
         transaction.execute(
-            "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id, previous_commit)
+            "INSERT OR IGNORE INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id, previous_commit)
              VALUES (?1, ?2, NULL, ?3, ?4, ?5, 'outside', ?6, ?7)",
             params![
                 now,
                 workspace,
                 version.op,
                 manifest.path,
-                format!(
-                    "saved outside alexandria while run {} was writing the page; committed as found; the text before is in commit {}",
-                    manifest.run_id,
-                    short(&version.previous_commit)
-                ),
+                version.summary,
                 version.commit,
                 version.previous_commit,
             ],
@@ -407,6 +432,18 @@ fn record(
     let Some((commit, _)) = done else {
         return Ok(());
     };
+    record_run(transaction, root, manifest, commit, now)
+}
+
+/// The run's own rows (see `record`).
+fn record_run(
+    transaction: &rusqlite::Transaction<'_>,
+    root: &Path,
+    manifest: &Manifest,
+    commit: &str,
+    now: i64,
+) -> ToolResult<()> {
+    let workspace = &manifest.workspace;
     let already: bool = transaction
         .query_row(
             "SELECT count(*) FROM runs WHERE workspace = ?1 AND run_id = ?2",
@@ -476,6 +513,23 @@ fn short(commit: &str) -> &str {
     &commit[..commit.len().min(12)]
 }
 
+/// Where recovery finds a run's page (`Page::resume`).
+enum Resume {
+    /// Nothing swapped yet (or saved over since): swap the run's text in.
+    Fresh,
+    /// The run's text is in place and replaced what it was planned against.
+    InPlace(Vec<u8>),
+    /// The run was being undone: it ends with `stale_plan`.
+    Stale,
+    /// The run's `content` is in place; the swap's result was not looked at yet.
+    Swapped {
+        content: Vec<u8>,
+        expected: Option<String>,
+        ours: bool,
+        swapped: Box<place::Swapped>,
+    },
+}
+
 /// A page being put in place (or in the trash) by a run, with git's index lock held.
 struct Page<'a, 'r> {
     session: &'a mut git::Session<'r>,
@@ -488,6 +542,77 @@ struct Page<'a, 'r> {
     changed: &'a Cell<bool>,
     /// Completing a run a dead daemon left: its commit may be below HEAD.
     recovering: bool,
+    /// The run's directory: every swap keeps what it replaced there (`Kept`).
+    dir: &'a Path,
+    /// Swaps so far (numbers the kept files).
+    swaps: usize,
+    /// Files kept by the swaps of a run a dead daemon left (recovery only).
+    kept: Vec<Kept>,
+    /// What the swaps replaced, still open, to be watched after the write.
+    late: Vec<place::Replaced>,
+    /// The history text of the outside versions committed now.
+    reason: Reason,
+}
+
+/// Why an outside version is committed (its history entry says so).
+#[derive(Clone, Copy)]
+enum Reason {
+    /// Found by the swap of a write.
+    During,
+    /// Saved into the file a write replaced, after the write.
+    Late,
+    /// Found by recovery in the run directory of a write the daemon did not finish.
+    Recovered,
+    /// The page's current version, committed again on top of a late save.
+    Newer,
+}
+
+/// A file a swap left in the run's directory: `swap-NNN-<rev>` (the run's text, rev
+/// `<rev>`, was put in place) or `back-NNN-<rev>` (an outside version was put back;
+/// `none`: the page was taken away). Once the swap happened it holds what the page was
+/// before; it stays until the run's directory goes, after its commit.
+struct Kept {
+    n: usize,
+    back: bool,
+    placed: String,
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Kept {
+    /// Whether the swap happened (it holds what was replaced, not what was placed).
+    fn swapped(&self) -> bool {
+        revision(&self.bytes) != self.placed
+    }
+}
+
+/// The files the swaps of a run kept, oldest first.
+fn kept_versions(dir: &Path) -> Vec<Kept> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut kept: Vec<Kept> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let (kind, rest) = name.split_once('-')?;
+            let back = match kind {
+                "swap" => false,
+                "back" => true,
+                _ => return None,
+            };
+            let (n, placed) = rest.split_once('-')?;
+            Some(Kept {
+                n: n.parse().ok()?,
+                back,
+                placed: placed.to_string(),
+                bytes: fs::read(entry.path()).ok()?,
+                path: entry.path(),
+            })
+        })
+        .collect();
+    kept.sort_by_key(|k| k.n);
+    kept
 }
 
 /// How far below HEAD recovery looks for a run's commit: a group commits up to 64
@@ -521,16 +646,54 @@ fn stale(path: &str, why: &str) -> ToolError {
     )
 }
 
+impl<'a, 'r> Page<'a, 'r> {
+    fn new(
+        session: &'a mut git::Session<'r>,
+        manifest: &'a Manifest,
+        root: &'a Path,
+        target: &'a Path,
+        dir: &'a Path,
+        changed: &'a Cell<bool>,
+        recovering: bool,
+    ) -> Self {
+        let kept = if recovering {
+            kept_versions(dir)
+        } else {
+            Vec::new()
+        };
+        Page {
+            session,
+            manifest,
+            root,
+            target,
+            committed: None,
+            outside: Vec::new(),
+            changed,
+            recovering,
+            dir,
+            swaps: kept.last().map_or(0, |k| k.n + 1),
+            kept,
+            late: Vec::new(),
+            reason: Reason::During,
+        }
+    }
+}
+
 impl Page<'_, '_> {
     /// Put the page in place (or in the trash) and commit the run, unless HEAD has it
     /// already (a crash after the commit). Returns the commit and the page's rev.
     fn commit_run(&mut self, dir: &Path) -> ToolResult<(String, Option<String>)> {
         let manifest = self.manifest;
-        let repo = self.session.repo();
-        let head = repo
-            .head()
-            .and_then(|h| h.peel_to_commit())
-            .map_err(git2_error)?;
+        // The session's newest commit (earlier writes of the group are on it; HEAD's
+        // branch moves when the session finishes).
+        let head = self.session.tip().map_err(git_error)?;
+        self.committed = head
+            .tree()
+            .ok()
+            .and_then(|t| t.get_path(Path::new(&manifest.path)).ok())
+            .map(|e| e.id().to_string());
+        // Versions the swaps of a dead daemon replaced, that git does not have yet.
+        let recovered = self.commit_kept()?;
         // Committed before a crash (on top, or below later runs of its group); the
         // index may not have followed.
         let depth = if self.recovering { RECOVERY_DEPTH } else { 1 };
@@ -540,13 +703,15 @@ impl Page<'_, '_> {
                 .stage_head_version(&manifest.path)
                 .map_err(git_error)?;
             let rev = fs::read(self.target).ok().map(|b| revision(&b));
+            // A save that landed in the file the run replaced, after its commit: put
+            // it in place unless the page changed since.
+            if let Some(version) = recovered
+                && rev.as_ref().is_some_and(|r| self.ours(r))
+            {
+                self.put_back(Some(version), rev.clone())?;
+            }
             return Ok((found.to_string(), rev));
         }
-        self.committed = head
-            .tree()
-            .ok()
-            .and_then(|t| t.get_path(Path::new(&manifest.path)).ok())
-            .map(|e| e.id().to_string());
         let mut late = None;
         let (bytes, stat) = match (&manifest.new_rev, &manifest.trash_path) {
             (Some(_), _) => {
@@ -592,15 +757,119 @@ impl Page<'_, '_> {
         // only now: its save went into the file this write replaced. Keep it: commit it
         // as an outside edit (history then names this run's commit as holding the text
         // it removed) and put it back in place.
-        if let Some(mut replaced) = late
-            && replaced
+        if let Some(mut replaced) = late {
+            if replaced
                 .refresh(false)
                 .map_err(|e| io_error("reading the replaced page", e))?
-        {
-            self.commit_outside(replaced.bytes.as_deref())?;
-            self.put_back(replaced.bytes, rev.clone())?;
+            {
+                self.reason = Reason::Late;
+                self.commit_outside(replaced.bytes.as_deref())?;
+                self.put_back(replaced.bytes.clone(), rev.clone())?;
+            }
+            // Watched a little longer, after the write (`late.rs`).
+            self.late.push(replaced);
         }
         Ok((id.to_string(), rev))
+    }
+
+    /// Whether `rev` is a text this run put in place.
+    fn ours(&self, rev: &str) -> bool {
+        self.manifest.new_rev.as_deref() == Some(rev)
+            || self.kept.iter().any(|k| !k.back && k.placed == rev)
+    }
+
+    /// Recovery: commit, oldest first, every version the swaps of this run replaced
+    /// (kept in its directory) that HEAD's recent history does not hold; for one it
+    /// holds, make sure its history entry is there. Returns the newest committed now.
+    fn commit_kept(&mut self) -> ToolResult<Option<Vec<u8>>> {
+        let placed: std::collections::HashSet<String> = self
+            .kept
+            .iter()
+            .map(|k| k.placed.clone())
+            .chain(self.manifest.new_rev.clone())
+            .collect();
+        let versions: Vec<Vec<u8>> = self
+            .kept
+            .iter()
+            .filter(|k| k.swapped() && !placed.contains(&revision(&k.bytes)))
+            .map(|k| k.bytes.clone())
+            .collect();
+        let mut newest = None;
+        let reason = std::mem::replace(&mut self.reason, Reason::Recovered);
+        for bytes in versions {
+            if self.explain(&revision(&bytes))? {
+                continue;
+            }
+            tracing::warn!(path = %self.manifest.path, run = %self.manifest.run_id, "recovery found a version of the page that a swap replaced and git does not have; committing it");
+            self.commit_outside(Some(&bytes))?;
+            newest = Some(bytes);
+        }
+        self.reason = reason;
+        Ok(newest)
+    }
+
+    /// Whether a recent commit of HEAD's first-parent history holds `rev` at the
+    /// page's path. If an outside commit of alexandria brought it there, its history
+    /// entry is recorded (again: the daemon may have died before it was).
+    fn explain(&mut self, rev: &str) -> ToolResult<bool> {
+        let path = Path::new(&self.manifest.path);
+        let blob_at = |commit: &git2::Commit<'_>| {
+            commit
+                .tree()
+                .ok()
+                .and_then(|t| t.get_path(path).ok())
+                .map(|e| e.id().to_string())
+        };
+        let mut cursor = self.session.tip().map_err(git_error)?;
+        for _ in 0..RECOVERY_DEPTH {
+            let parent = cursor.parent(0).ok();
+            if blob_at(&cursor).as_deref() == Some(rev) {
+                let before = parent.as_ref().and_then(blob_at);
+                if before.as_deref() == Some(rev) {
+                    // Brought further down.
+                } else {
+                    if cursor.author().name() == Ok("outside alexandria") {
+                        let previous = parent.map(|p| p.id().to_string()).unwrap_or_default();
+                        self.outside.push(OutsideVersion {
+                            op: if before.is_none() {
+                                "outside_create"
+                            } else {
+                                "outside_edit"
+                            },
+                            commit: cursor.id().to_string(),
+                            summary: self.summary(&previous),
+                            previous_commit: previous,
+                        });
+                    }
+                    return Ok(true);
+                }
+            }
+            match parent {
+                Some(parent) => cursor = parent,
+                None => break,
+            }
+        }
+        Ok(false)
+    }
+
+    /// The history text of an outside version committed now.
+    fn summary(&self, previous: &str) -> String {
+        let run = &self.manifest.run_id;
+        let previous = short(previous);
+        match self.reason {
+            Reason::During => format!(
+                "saved outside alexandria while run {run} was writing the page; committed as found; the text before is in commit {previous}"
+            ),
+            Reason::Late => format!(
+                "saved outside alexandria into the file that run {run} replaced, after that write (an editor that had the page open); committed as found; the text before is in commit {previous}"
+            ),
+            Reason::Newer => format!(
+                "the page had changed since run {run} when a save into the file that run replaced was found; that save is in commit {previous}; the page's current version stays in place and is committed again"
+            ),
+            Reason::Recovered => format!(
+                "saved outside alexandria while run {run} was writing the page, found by recovery after the daemon stopped; committed as found; the text before is in commit {previous}"
+            ),
+        }
     }
 
     /// Commit a version found on disk that HEAD does not have (an outside save).
@@ -614,21 +883,26 @@ impl Page<'_, '_> {
             (Some(_), None) => "outside_delete",
             (Some(_), Some(_)) => "outside_edit",
         };
-        let previous = self
-            .session
-            .repo()
-            .head()
-            .and_then(|h| h.peel_to_commit())
-            .map_err(git2_error)?
-            .id()
-            .to_string();
-        let path = &self.manifest.path;
-        let message = message::outside(
+        self.commit_version(
+            bytes,
             op,
-            &format!("{op} {path}"),
             "Saved outside alexandria (an editor, a sync tool) while an agent was writing \
              the page; committed as found, before the agent's write, so that no version is lost.",
-        );
+        )
+    }
+
+    /// Commit `bytes` (None: no page) as the page's version, authored "outside
+    /// alexandria", with history entry `op`.
+    fn commit_version(
+        &mut self,
+        bytes: Option<&[u8]>,
+        op: &'static str,
+        body: &str,
+    ) -> ToolResult<()> {
+        let rev = rev_of(bytes);
+        let previous = self.session.tip().map_err(git_error)?.id().to_string();
+        let path = &self.manifest.path;
+        let message = message::outside(op, &format!("{op} {path}"), body);
         let author = git2::Signature::now("outside alexandria", "outside@alexandria.local")
             .map_err(git2_error)?;
         let change = git::Change {
@@ -645,15 +919,23 @@ impl Page<'_, '_> {
         self.outside.push(OutsideVersion {
             op,
             commit: commit.to_string(),
+            summary: self.summary(&previous),
             previous_commit: previous,
         });
         Ok(())
     }
 
-    /// Swap `bytes` in; returns what was replaced (re-read if an editor was still
-    /// writing into it).
-    fn swap(&self, bytes: &[u8]) -> ToolResult<place::Swapped> {
-        place::swap_in(self.target, bytes).map_err(|e| io_error("writing the page", e))
+    /// Swap `bytes` in; returns what was replaced, which stays in the run's directory
+    /// (`kind`: `swap` for the run's text, `back` for an outside version put back).
+    fn swap(&mut self, bytes: &[u8], kind: &str) -> ToolResult<place::Swapped> {
+        let keep = self.keep_path(kind, &revision(bytes));
+        place::swap_in(self.target, bytes, &keep).map_err(|e| io_error("writing the page", e))
+    }
+
+    fn keep_path(&mut self, kind: &str, placed: &str) -> PathBuf {
+        self.swaps += 1;
+        self.dir
+            .join(format!("{kind}-{:03}-{placed}", self.swaps - 1))
     }
 
     /// Put the run's page in place. If what it replaced is not what the write was
@@ -665,23 +947,53 @@ impl Page<'_, '_> {
         final_text: Vec<u8>,
         dir: &Path,
     ) -> ToolResult<(Vec<u8>, Option<std::fs::Metadata>, Option<place::Replaced>)> {
-        let on_disk = fs::read(self.target).ok();
-        if rev_of(on_disk.as_deref()) == self.manifest.new_rev {
-            // In place before a crash: whatever it replaced was checked then.
-            let stat = fs::metadata(self.target).ok();
-            return Ok((final_text, stat, None));
-        }
-        self.changed.set(true);
         let mut content = final_text;
         // What the swap should replace: the plan's page, later our own earlier bytes.
         let mut expected = self.manifest.old_rev.clone();
         let mut ours = false;
+        // A swap a dead daemon made and did not get to look at.
+        let mut pending = None;
+        match self.resume()? {
+            Resume::Fresh => {}
+            Resume::InPlace(bytes) => {
+                let stat = fs::metadata(self.target).ok();
+                return Ok((bytes, stat, None));
+            }
+            Resume::Stale => {
+                return Err(stale(
+                    &self.manifest.path,
+                    "was changed outside alexandria (the other version is committed)",
+                ));
+            }
+            Resume::Swapped {
+                content: placed,
+                expected: then,
+                ours: after_ours,
+                swapped,
+            } => {
+                content = placed;
+                expected = then;
+                ours = after_ours;
+                pending = Some(*swapped);
+            }
+        }
+        self.changed.set(true);
         // An empty page where HEAD has text is most likely an editor's save in place,
         // caught between truncating and writing.
         let empty = revision(b"");
         for _ in 0..8 {
             let expect_content = self.committed.as_ref().is_some_and(|c| *c != empty);
-            let swapped = self.swap(&content)?;
+            let swapped = match pending.take() {
+                Some(swapped) => swapped,
+                None => {
+                    if let Some(delay) = crate::faults::delay_for("swap") {
+                        std::thread::sleep(delay);
+                    }
+                    let swapped = self.swap(&content, "swap")?;
+                    crash_point("after_swap");
+                    swapped
+                }
+            };
             let mut replaced = swapped.replaced;
             let mut found = rev_of(replaced.bytes.as_deref());
             if found != expected || found.as_deref() == Some(empty.as_str()) {
@@ -705,14 +1017,17 @@ impl Page<'_, '_> {
                 self.commit_outside(replaced.bytes.as_deref())?;
             }
             // Not what the write was planned against.
-            match self.reapply(replaced.bytes.as_deref(), dir) {
+            let again = self.reapply(replaced.bytes.as_deref(), dir);
+            let bytes = replaced.bytes.clone();
+            self.late.push(replaced);
+            match again {
                 Some(again) => {
                     expected = Some(revision(&content));
                     ours = true;
                     content = again;
                 }
                 None => {
-                    self.put_back(replaced.bytes, Some(revision(&content)))?;
+                    self.put_back(bytes, Some(revision(&content)))?;
                     return Err(stale(
                         &self.manifest.path,
                         "was changed outside alexandria (the other version is committed)",
@@ -724,6 +1039,65 @@ impl Page<'_, '_> {
             &self.manifest.path,
             "kept changing outside alexandria",
         ))
+    }
+
+    /// Where a run a dead daemon left stands (recovery; otherwise `Fresh`, or
+    /// `InPlace` when the page already holds the run's text).
+    fn resume(&mut self) -> ToolResult<Resume> {
+        let on_disk = fs::read(self.target).ok();
+        let disk = rev_of(on_disk.as_deref());
+        // The last swap that happened, what it was expected to replace, and whether
+        // that was the run's own earlier text.
+        let mut expected = self.manifest.old_rev.clone();
+        let mut ours = false;
+        let mut last: Option<(usize, Option<String>, bool)> = None;
+        for (i, kept) in self.kept.iter().enumerate() {
+            if kept.swapped() {
+                last = Some((i, expected.clone(), ours));
+            }
+            if !kept.back {
+                expected = Some(kept.placed.clone());
+                ours = true;
+            }
+        }
+        let Some((i, expected, ours)) = last else {
+            return Ok(match on_disk {
+                // In place before a crash: whatever it replaced was checked then.
+                Some(bytes) if disk == self.manifest.new_rev => Resume::InPlace(bytes),
+                _ => Resume::Fresh,
+            });
+        };
+        let kept = &self.kept[i];
+        let placed_there = disk.as_deref() == Some(kept.placed.as_str());
+        if kept.back {
+            // The run was being undone (`stale_plan`): what that swap replaced, if
+            // not the run's text, is newer than what it put back, and belongs there.
+            let replaced = revision(&kept.bytes);
+            if placed_there && !self.ours(&replaced) {
+                let version = (kept.placed != "none").then(|| kept.bytes.clone());
+                self.changed.set(true);
+                self.put_back(version, disk)?;
+            }
+            return Ok(Resume::Stale);
+        }
+        let Some(content) = on_disk.filter(|_| placed_there) else {
+            // Saved over since: a new swap finds that save.
+            return Ok(Resume::Fresh);
+        };
+        if Some(revision(&kept.bytes)) == expected {
+            return Ok(Resume::InPlace(content));
+        }
+        let replaced =
+            place::Replaced::open(&kept.path).map_err(|e| io_error("reading a kept page", e))?;
+        Ok(Resume::Swapped {
+            content,
+            expected,
+            ours,
+            swapped: Box::new(place::Swapped {
+                stat: fs::metadata(self.target).ok(),
+                replaced,
+            }),
+        })
     }
 
     /// The run's write applied to `current` (an outside version), if it still applies.
@@ -758,9 +1132,16 @@ impl Page<'_, '_> {
     ) -> ToolResult<()> {
         for _ in 0..8 {
             let replaced = match &version {
-                Some(bytes) => self.swap(bytes)?.replaced.bytes,
+                Some(bytes) => {
+                    let swapped = self.swap(bytes, "back")?;
+                    let bytes = swapped.replaced.bytes.clone();
+                    self.late.push(swapped.replaced);
+                    bytes
+                }
                 None => {
-                    place::take_away(self.target).map_err(|e| io_error("removing the page", e))?
+                    let keep = self.keep_path("back", "none");
+                    place::take_away(self.target, &keep)
+                        .map_err(|e| io_error("removing the page", e))?
                 }
             };
             let found = rev_of(replaced.as_deref());
@@ -834,6 +1215,11 @@ pub(crate) fn git_error(error: git::GitError) -> ToolError {
             "wait for that git command to finish and retry; if no git command is running, remove .git/index.lock in the workspace",
         ),
         git::GitError::InUse(state) => repository_in_use(state),
+        git::GitError::Moved => ToolError::new(
+            ErrorCode::WorkspaceBusy,
+            "another git command moved the workspace's branch while alexandria was committing; nothing was changed",
+            "retry",
+        ),
         git::GitError::Git(error) => git2_error(error),
         git::GitError::Io { context, source } => io_error(context, source),
     }
@@ -907,8 +1293,8 @@ pub fn commit_sources(
         let id = session
             .commit(&changes, message, &author)
             .map_err(git_error)?;
-        session.finish().map_err(git_error)?;
-        Ok(id.to_string())
+        let finished = session.finish().map_err(git_error)?;
+        Ok(finished.id(&id.to_string()))
     })
 }
 
@@ -988,7 +1374,7 @@ pub(crate) fn roll_back(store: &Store, manifest: &Manifest) {
     let result = store.state(&manifest.workspace).with_repo(&root, |repo| {
         let mut session = git::Session::begin(repo, timeout)?;
         undo(&mut session, &root, manifest)?;
-        session.finish()
+        session.finish().map(drop)
     });
     if let Err(error) = result {
         tracing::error!(run = %manifest.run_id, %error, "roll back failed");
@@ -1009,7 +1395,7 @@ fn undo(
 ) -> Result<(), git::GitError> {
     let repo = session.repo();
     let target = root.join(&manifest.path);
-    let mut head = repo.head()?.peel_to_commit()?;
+    let mut head = session.tip()?;
     if head
         .message()
         .is_ok_and(|m| message::names_run(m, &manifest.run_id))

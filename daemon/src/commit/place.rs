@@ -3,9 +3,12 @@
 //! An editor may save the page at any moment (a temp file renamed over it, or a write
 //! in place), so the daemon swaps its new file in atomically and looks at what it
 //! replaced: on Linux `renameat2(RENAME_EXCHANGE)` hands the previous file back under
-//! the temporary name; elsewhere the page is read just before an ordinary rename. The
-//! replaced file stays open, so that a save that lands in it after it was read (an
-//! editor writing in place into the file it opened earlier) is noticed too.
+//! the name the new one had, in the run's directory (`runs/<id>/swap-…`), where it stays
+//! until the commit that records it is done, so a crash cannot lose it (recovery commits
+//! it); elsewhere the page is read just before an ordinary rename. The replaced file
+//! stays open, so that a save that lands in it after it was read (an editor writing in
+//! place into the file it opened earlier) is noticed too, also after the write
+//! (`commit/late.rs`).
 
 use std::fs::{self, File, Metadata};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -79,28 +82,106 @@ pub struct Swapped {
     pub replaced: Replaced,
 }
 
+impl Replaced {
+    /// A replaced file kept at `path` (by a swap before a crash), opened again.
+    pub fn open(path: &Path) -> std::io::Result<Replaced> {
+        let mut file = File::open(path)?;
+        let seen = stamp(&file.metadata()?);
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(Replaced {
+            bytes: Some(bytes),
+            file: Some(file),
+            seen: Some(seen),
+        })
+    }
+
+    /// Whether the replaced file is still open (there was one, and it is watched).
+    pub fn is_open(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Whether its size or modification time changed since it was read (one `fstat`).
+    pub fn touched(&self) -> bool {
+        self.file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .is_some_and(|m| Some(stamp(&m)) != self.seen)
+    }
+
+    /// Read it again and compare the bytes (a save of the same size within the file
+    /// system's timestamp granularity changes neither size nor mtime); returns whether
+    /// they changed.
+    pub fn reread(&mut self) -> std::io::Result<bool> {
+        let Some(file) = self.file.as_mut() else {
+            return Ok(false);
+        };
+        let now = stamp(&file.metadata()?);
+        let mut bytes = Vec::new();
+        file.seek(SeekFrom::Start(0))?;
+        file.read_to_end(&mut bytes)?;
+        self.seen = Some(now);
+        if self.bytes.as_deref() == Some(bytes.as_slice()) {
+            return Ok(false);
+        }
+        self.bytes = Some(bytes);
+        Ok(true)
+    }
+}
+
 /// Replace `target` with `bytes` in one atomic step and hand back what it replaced.
+///
+/// The new file is written at `keep` (in the run's directory, on the page's file
+/// system) and exchanged with the page, so from that instant `keep` names the replaced
+/// file: if the daemon dies before the version is committed, recovery finds it there
+/// (`commit/recover.rs` walks `runs/`). Where `keep` cannot be exchanged with the page
+/// (another file system, no `RENAME_EXCHANGE`), the page is swapped from a temporary
+/// file beside it and the replaced bytes are written to `keep` right after (a crash in
+/// that instant loses them: the remaining window there).
 /// Durability comes from the flush before a write is acknowledged (`Durable`).
-pub fn swap_in(target: &Path, bytes: &[u8]) -> std::io::Result<Swapped> {
+pub fn swap_in(target: &Path, bytes: &[u8], keep: &Path) -> std::io::Result<Swapped> {
     if let Some(dir) = target.parent() {
         fs::create_dir_all(dir)?;
     }
-    let temp = temp_path(target)?;
-    let result = (|| {
-        let mut file = File::create(&temp)?;
-        file.write_all(bytes)?;
-        let replaced = exchange(&temp, target)?;
-        Ok(Swapped {
-            stat: file.metadata().ok(),
-            replaced,
-        })
-    })();
-    let _ = fs::remove_file(&temp);
-    result
+    if let Some(dir) = keep.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let mut file = File::create(keep)?;
+    file.write_all(bytes)?;
+    let (replaced, stat, named) = match exchange(keep, target) {
+        // Stat data after the move (a rename changes the ctime), for git's index.
+        Ok((replaced, named)) => (replaced, file.metadata().ok(), named),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error()) => {
+            let temp = temp_path(target)?;
+            let result = (|| {
+                let mut file = File::create(&temp)?;
+                file.write_all(bytes)?;
+                let (replaced, _) = exchange(&temp, target)?;
+                Ok::<_, std::io::Error>((replaced, file.metadata().ok()))
+            })();
+            let _ = fs::remove_file(&temp);
+            let (replaced, stat) = result?;
+            (replaced, stat, false)
+        }
+        Err(e) => {
+            let _ = fs::remove_file(keep);
+            return Err(e);
+        }
+    };
+    if !named {
+        match &replaced.bytes {
+            Some(bytes) => fs::write(keep, bytes)?,
+            None => {
+                let _ = fs::remove_file(keep);
+            }
+        }
+    }
+    Ok(Swapped { stat, replaced })
 }
 
 #[cfg(target_os = "linux")]
-fn exchange(temp: &Path, target: &Path) -> std::io::Result<Replaced> {
+/// Returns what was replaced and whether `temp` names it now.
+fn exchange(temp: &Path, target: &Path) -> std::io::Result<(Replaced, bool)> {
     use rustix::fs::{CWD, RenameFlags, renameat_with};
     use rustix::io::Errno;
     loop {
@@ -111,20 +192,24 @@ fn exchange(temp: &Path, target: &Path) -> std::io::Result<Replaced> {
                 let seen = stamp(&file.metadata()?);
                 let mut bytes = Vec::new();
                 file.read_to_end(&mut bytes)?;
-                return Ok(Replaced {
-                    bytes: Some(bytes),
-                    file: Some(file),
-                    seen: Some(seen),
-                });
+                return Ok((
+                    Replaced {
+                        bytes: Some(bytes),
+                        file: Some(file),
+                        seen: Some(seen),
+                    },
+                    true,
+                ));
             }
             Err(Errno::NOENT) => {
                 match renameat_with(CWD, temp, CWD, target, RenameFlags::NOREPLACE) {
                     Ok(()) => {
-                        return Ok(Replaced {
+                        let nothing = Replaced {
                             bytes: None,
                             file: None,
                             seen: None,
-                        });
+                        };
+                        return Ok((nothing, true));
                     }
                     // Created meanwhile: exchange with it.
                     Err(Errno::EXIST) => continue,
@@ -133,7 +218,7 @@ fn exchange(temp: &Path, target: &Path) -> std::io::Result<Replaced> {
             }
             // A file system without RENAME_EXCHANGE.
             Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                return compare_and_rename(temp, target);
+                return Ok((compare_and_rename(temp, target)?, false));
             }
             Err(e) => return Err(e.into()),
         }
@@ -141,8 +226,8 @@ fn exchange(temp: &Path, target: &Path) -> std::io::Result<Replaced> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn exchange(temp: &Path, target: &Path) -> std::io::Result<Replaced> {
-    compare_and_rename(temp, target)
+fn exchange(temp: &Path, target: &Path) -> std::io::Result<(Replaced, bool)> {
+    Ok((compare_and_rename(temp, target)?, false))
 }
 
 /// Without an atomic exchange: read the page (and keep it open) right before an
@@ -170,17 +255,29 @@ fn compare_and_rename(temp: &Path, target: &Path) -> std::io::Result<Replaced> {
     Ok(replaced)
 }
 
-/// Move `target` away and return its bytes (None: there was none).
-pub fn take_away(target: &Path) -> std::io::Result<Option<Vec<u8>>> {
-    let temp = temp_path(target)?;
-    match fs::rename(target, &temp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+/// Move `target` away to `keep` (in the run's directory, so that what it held is
+/// found after a crash) and return its bytes (None: there was none).
+pub fn take_away(target: &Path, keep: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    if let Some(dir) = keep.parent() {
+        fs::create_dir_all(dir)?;
     }
-    let bytes = fs::read(&temp);
-    let _ = fs::remove_file(&temp);
-    bytes.map(Some)
+    match fs::rename(target, keep) {
+        Ok(()) => fs::read(keep).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error()) => {
+            let temp = temp_path(target)?;
+            match fs::rename(target, &temp) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            let bytes = fs::read(&temp)?;
+            fs::write(keep, &bytes)?;
+            let _ = fs::remove_file(&temp);
+            Ok(Some(bytes))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Move `from` back to `target` unless a file is there again (a newer save, which
@@ -210,14 +307,30 @@ mod tests {
     #[test]
     fn swap_hands_back_what_it_replaced() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let page = dir.path().join("p.md");
-        let first = swap_in(&page, b"one").expect("create");
+        let page = dir.path().join("wiki/p.md");
+        let run = dir.path().join("runs/r");
+        let first = swap_in(&page, b"one", &run.join("swap-0")).expect("create");
         assert!(first.replaced.bytes.is_none());
-        let mut second = swap_in(&page, b"two").expect("replace");
+        assert!(
+            !run.join("swap-0").exists(),
+            "nothing replaced, nothing kept"
+        );
+        let mut second = swap_in(&page, b"two", &run.join("swap-1")).expect("replace");
         assert_eq!(second.replaced.bytes.as_deref(), Some(&b"one"[..]));
         assert_eq!(fs::read(&page).expect("read"), b"two");
+        assert_eq!(
+            fs::read(run.join("swap-1")).expect("kept"),
+            b"one",
+            "the replaced file is kept in the run's directory"
+        );
         assert!(!second.replaced.refresh(false).expect("refresh"));
-        let leftovers = fs::read_dir(dir.path()).expect("dir").count();
-        assert_eq!(leftovers, 1, "no temporary file left");
+        let leftovers = fs::read_dir(page.parent().expect("wiki"))
+            .expect("dir")
+            .count();
+        assert_eq!(leftovers, 1, "no temporary file left beside the page");
+        let taken = take_away(&page, &run.join("back-2")).expect("take away");
+        assert_eq!(taken.as_deref(), Some(&b"two"[..]));
+        assert!(!page.exists());
+        assert_eq!(fs::read(run.join("back-2")).expect("kept"), b"two");
     }
 }

@@ -82,12 +82,8 @@ pub fn integrate(store: &Store, slug: &str, remote_ref: &str) -> ToolResult<Merg
             }
             Err(e) => return Err(git2_error(e)),
         };
-        let local = repo
-            .head()
-            .map_err(git2_error)?
-            .peel_to_commit()
-            .map_err(git2_error)?
-            .id();
+        // Outside edits were committed on top of HEAD in the session.
+        let local = session.tip().map_err(git_error)?.id();
         if local == theirs
             || repo
                 .graph_descendant_of(local, theirs)
@@ -571,12 +567,7 @@ fn apply(
             crash_point("sync_first_file");
         }
     }
-    let head = repo
-        .head()
-        .map_err(git2_error)?
-        .peel_to_commit()
-        .map_err(git2_error)?
-        .id();
+    let head = session.tip().map_err(git_error)?.id();
     session.advance(head, new, &done).map_err(git_error)?;
     Ok(done.into_iter().map(|(path, _)| path).collect())
 }

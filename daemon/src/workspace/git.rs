@@ -3,9 +3,10 @@
 //! People use git by hand in a workspace (commit, stash, `commit -a`, tools that commit
 //! on a timer), so every commit the daemon makes follows git's own protocol: it holds
 //! `.git/index.lock` (waiting a little if someone else holds it, never taking it from
-//! them) while it moves HEAD's branch and rewrites the index entries of the paths it
-//! committed; every other entry, the user's staged changes included, is left as it
-//! was. A commit builds its tree from HEAD's tree with only the changed paths replaced,
+//! them) while it rewrites the index entries of the paths it committed (every other
+//! entry, the user's staged changes included, is left as it was) and then moves HEAD's
+//! branch, once per session, with a compare-and-swap (see `Session` for why in that
+//! order). A commit builds its tree from HEAD's tree with only the changed paths replaced,
 //! and its blobs from the bytes the daemon wrote (never re-read from the disk, where an
 //! editor may have saved meanwhile).
 //!
@@ -136,6 +137,8 @@ pub enum GitError {
     Locked { path: PathBuf, waited: Duration },
     #[error("{}", .0.describe())]
     InUse(GitState),
+    #[error("HEAD's branch was moved by another git command while alexandria was committing")]
+    Moved,
     #[error("git: {0}")]
     Git(#[from] git2::Error),
     #[error("{context}: {source}")]
@@ -242,17 +245,42 @@ pub fn remove_own_stale_lock(git_dir: &Path) -> bool {
     fs::remove_file(&lock).is_ok()
 }
 
-/// After a crash inside a commit (alexandria's own `index.lock` was left behind): make
-/// the index entries of the paths HEAD's commit changed HEAD's version, if alexandria
-/// made that commit. Returns how many paths.
+/// After a crash inside a commit (alexandria's own `index.lock` was left behind).
+///
+/// A session that died after making commits but before moving HEAD's branch left its
+/// newest commit in `.git/alexandria-pending`: if the branch has not moved since (it is
+/// below that commit), it moves there now (the chain may hold versions of pages found
+/// on disk that exist nowhere else), and the index entries of the paths those commits
+/// changed become their versions. Otherwise (a daemon from before that order moved HEAD
+/// first and died before writing the index) the index entries of the paths HEAD's
+/// commit changed become HEAD's versions, if alexandria made that commit.
+/// Returns how many paths.
 pub fn stage_last_commit(repo: &Repository, timeout: Duration) -> Result<usize, GitError> {
+    let pending = read_pending(repo.path());
+    let _ = fs::remove_file(repo.path().join(PENDING_FILE));
     let mut session = Session::begin(repo, timeout)?;
-    let head = repo.head()?.peel_to_commit()?;
-    if head.committer().name().ok() != Some("alexandria") {
-        return Ok(0);
-    }
-    let parent = head.parent(0).ok().map(|p| p.tree()).transpose()?;
-    let diff = repo.diff_tree_to_tree(parent.as_ref(), Some(&head.tree()?), None)?;
+    let head = session.tip()?;
+    let descends = match pending {
+        Some(id) if id != head.id() && repo.find_commit(id).is_ok() => {
+            repo.graph_descendant_of(id, head.id())?
+        }
+        _ => false,
+    };
+    let (from, to) = match pending {
+        Some(id) if descends => {
+            session.chain.push(Link::Moved { id });
+            session.moved_to(id)?;
+            (Some(head.tree()?), repo.find_commit(id)?.tree()?)
+        }
+        _ => {
+            if head.committer().name().ok() != Some("alexandria") {
+                return Ok(0);
+            }
+            let parent = head.parent(0).ok().map(|p| p.tree()).transpose()?;
+            (parent, head.tree()?)
+        }
+    };
+    let diff = repo.diff_tree_to_tree(from.as_ref(), Some(&to), None)?;
     let mut paths = Vec::new();
     for delta in diff.deltas() {
         for file in [delta.old_file(), delta.new_file()] {
@@ -296,21 +324,109 @@ impl<'a> Content<'a> {
 }
 
 /// What the index entry of a touched path becomes.
+#[derive(Clone)]
 enum Entry {
     Blob { id: Oid, stat: Option<Metadata> },
     Gone,
 }
 
-/// The daemon at work in a repository: holds git's index lock; commits move HEAD's
-/// branch; `finish` writes the index entries of every path committed, then releases
-/// the lock. Dropped without `finish`, the index is left as it was.
+/// How a commit of the session's chain was made.
+enum Link {
+    /// Committed by this session on top of the previous link: made again on top of a
+    /// new HEAD if someone moves the branch before the session publishes it.
+    Commit {
+        /// The id it was first made with (the one callers were given).
+        first: Oid,
+        id: Oid,
+        entries: Vec<(String, Entry)>,
+        message: String,
+        author: Signature<'static>,
+        committer: Signature<'static>,
+    },
+    /// A commit made elsewhere that the branch moves to (sync's merge, a roll-back):
+    /// it cannot be made again on top of a moved branch.
+    Moved { id: Oid },
+}
+
+impl Link {
+    fn id(&self) -> Oid {
+        match self {
+            Link::Commit { id, .. } | Link::Moved { id } => *id,
+        }
+    }
+}
+
+/// The daemon at work in a repository: holds git's index lock; commits are made as
+/// objects chained on HEAD (no ref moves while the session runs); `finish` writes the
+/// index entries of every path committed, renames the new index into place, and only
+/// then moves HEAD's branch once, from the value it had when the session began to the
+/// session's newest commit. Dropped without `finish`, the index and HEAD are left as
+/// they were.
+///
+/// Why that order: `git commit` (and `status`, `stash`) read HEAD and then the index
+/// without any lock. Whoever reads them sees either the old HEAD (a commit made from
+/// it then fails to move the branch: "cannot lock ref") or the new HEAD with the new
+/// index, never the new HEAD with an index that does not have the session's pages
+/// (committing that would delete them).
 pub struct Session<'r> {
     repo: &'r Repository,
-    lock: IndexLock,
+    /// Released when the session is dropped (after `finish`, or without it).
+    _lock: IndexLock,
     timeout: Duration,
+    /// The branch's value when the session began (or, after someone moved the branch
+    /// meanwhile, the value the chain was made again on).
+    base: Oid,
+    /// The session's commits, oldest first.
+    chain: Vec<Link>,
+    /// The newest commit: what HEAD's branch becomes at `finish`.
+    tip: Oid,
     touched: BTreeMap<String, Entry>,
+    /// `.git/alexandria-pending`, open once the session made a commit.
+    pending: Option<File>,
     /// Object files, refs and the index this session wrote: what must be flushed.
     written: Durable,
+}
+
+/// What a finished session did.
+pub struct Finished {
+    /// What it wrote, for the flush before the writes are acknowledged.
+    pub durable: Durable,
+    /// Commits made again on top of a branch someone moved meanwhile: first id → id.
+    renamed: BTreeMap<Oid, Oid>,
+    /// Where HEAD's branch now points, if the session moved it.
+    pub published: Option<Oid>,
+}
+
+impl Finished {
+    /// The id the commit first made as `id` ended with.
+    pub fn id(&self, id: &str) -> String {
+        Oid::from_str(id)
+            .ok()
+            .and_then(|oid| self.renamed.get(&oid))
+            .map_or_else(|| id.to_string(), Oid::to_string)
+    }
+}
+
+/// Where a session records its newest commit before HEAD's branch moves, so that after
+/// a crash recovery can move the branch there (the chain may hold versions of pages
+/// found on disk that exist nowhere else).
+const PENDING_FILE: &str = "alexandria-pending";
+/// The previous index, kept until HEAD's branch has moved (put back if it cannot).
+const PREVIOUS_INDEX: &str = "alexandria-index-previous";
+
+/// The commit a session that died left in `.git/alexandria-pending`.
+fn read_pending(git_dir: &Path) -> Option<Oid> {
+    let text = fs::read_to_string(git_dir.join(PENDING_FILE)).ok()?;
+    Oid::from_str(text.trim()).ok()
+}
+
+/// HEAD's branch (`refs/heads/…`), or why there is none.
+fn head_branch(repo: &Repository) -> Result<String, GitError> {
+    let head = repo.find_reference("HEAD")?;
+    match head.symbolic_target()? {
+        Some(name) => Ok(name.to_string()),
+        None => Err(GitError::InUse(GitState::DetachedHead)),
+    }
 }
 
 impl<'r> Session<'r> {
@@ -319,22 +435,36 @@ impl<'r> Session<'r> {
     pub fn begin(repo: &'r Repository, timeout: Duration) -> Result<Session<'r>, GitError> {
         let lock = IndexLock::acquire(repo.path(), timeout)?;
         match GitState::of(repo) {
-            GitState::Clean => Ok(Session {
-                repo,
-                lock,
-                timeout,
-                touched: BTreeMap::new(),
-                written: Durable::default(),
-            }),
-            state => Err(GitError::InUse(state)),
+            GitState::Clean => {}
+            state => return Err(GitError::InUse(state)),
         }
+        let base = repo.refname_to_id(&head_branch(repo)?)?;
+        Ok(Session {
+            repo,
+            _lock: lock,
+            timeout,
+            base,
+            chain: Vec::new(),
+            tip: base,
+            touched: BTreeMap::new(),
+            pending: None,
+            written: Durable::default(),
+        })
     }
 
     pub fn repo(&self) -> &'r Repository {
         self.repo
     }
 
-    /// Commit `changes` on top of HEAD (its branch moves). Returns the commit id.
+    /// The session's newest commit: what HEAD will be once the session finishes (HEAD
+    /// itself does not move before).
+    pub fn tip(&self) -> Result<git2::Commit<'r>, GitError> {
+        Ok(self.repo.find_commit(self.tip)?)
+    }
+
+    /// Commit `changes` on top of the session's newest commit. Returns the commit id
+    /// (a commit made again on top of a branch moved meanwhile gets another id: see
+    /// `Finished::id`).
     pub fn commit(
         &mut self,
         changes: &[Change<'_>],
@@ -358,48 +488,75 @@ impl<'r> Session<'r> {
             entries.push((change.path.to_string(), entry));
         }
         let committer = Signature::now("alexandria", "alexandria@localhost")?;
-        // git commands that move a ref after releasing the index lock (`reset`, `stash`)
-        // may hold the branch's ref lock, or move HEAD, for a moment: wait, then build
-        // on the new HEAD.
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let head = repo.head()?.peel_to_commit()?;
-            let mut update = git2::build::TreeUpdateBuilder::new();
-            for (path, entry) in &entries {
-                match entry {
-                    Entry::Blob { id, .. } => {
-                        update.upsert(path.as_str(), *id, FileMode::Blob);
-                    }
-                    Entry::Gone => {
-                        update.remove(path.as_str());
-                    }
+        let id = self.make(self.tip, &entries, message, author, &committer)?;
+        self.touched.extend(entries.iter().cloned());
+        self.chain.push(Link::Commit {
+            first: id,
+            id,
+            entries,
+            message: message.to_string(),
+            author: author.to_owned(),
+            committer: committer.to_owned(),
+        });
+        self.moved_to(id)?;
+        Ok(id)
+    }
+
+    /// A commit of `entries` on top of `parent` (no ref moves); its files recorded.
+    fn make(
+        &mut self,
+        parent: Oid,
+        entries: &[(String, Entry)],
+        message: &str,
+        author: &Signature<'_>,
+        committer: &Signature<'_>,
+    ) -> Result<Oid, GitError> {
+        let repo = self.repo;
+        let parent = repo.find_commit(parent)?;
+        let mut update = git2::build::TreeUpdateBuilder::new();
+        for (path, entry) in entries {
+            match entry {
+                Entry::Blob { id, .. } => {
+                    update.upsert(path.as_str(), *id, FileMode::Blob);
                 }
-            }
-            let tree = repo.find_tree(update.create_updated(repo, &head.tree()?)?)?;
-            match repo.commit(Some("HEAD"), author, &committer, message, &tree, &[&head]) {
-                Ok(id) => {
-                    self.record_written(id, &entries)?;
-                    self.touched.extend(entries);
-                    return Ok(id);
+                Entry::Gone => {
+                    update.remove(path.as_str());
                 }
-                Err(e)
-                    if matches!(
-                        e.code(),
-                        git2::ErrorCode::Locked | git2::ErrorCode::Modified
-                    ) && started.elapsed() < self.timeout =>
-                {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(20));
-                }
-                Err(e) => return Err(e.into()),
             }
         }
+        let tree = repo.find_tree(update.create_updated(repo, &parent.tree()?)?)?;
+        let id = repo.commit(None, author, committer, message, &tree, &[&parent])?;
+        self.record_objects(id, entries)?;
+        Ok(id)
+    }
+
+    /// The session's tip is now `id`: record it in `.git/alexandria-pending` (a fixed
+    /// size record written in place: no truncation, no flush).
+    fn moved_to(&mut self, id: Oid) -> Result<(), GitError> {
+        self.tip = id;
+        if self.pending.is_none() {
+            let file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o644)
+                .open(self.repo.path().join(PENDING_FILE))
+                .map_err(io("recording alexandria's pending commit"))?;
+            self.pending = Some(file);
+        }
+        if let Some(file) = &self.pending {
+            let mut record = id.to_string();
+            record.push_str(&" ".repeat(71usize.saturating_sub(record.len())));
+            record.push('\n');
+            rustix::io::pwrite(file, record.as_bytes(), 0)
+                .map_err(|e| io("recording alexandria's pending commit")(e.into()))?;
+        }
+        Ok(())
     }
 
     /// Remember the files commit `id` wrote: its loose objects (the commit, the trees
-    /// along each changed path, the blobs) and the branch's ref.
-    fn record_written(&mut self, id: Oid, entries: &[(String, Entry)]) -> Result<(), GitError> {
+    /// along each changed path, the blobs).
+    fn record_objects(&mut self, id: Oid, entries: &[(String, Entry)]) -> Result<(), GitError> {
         let repo = self.repo;
         let objects = repo.path().join("objects");
         let mut ids = vec![id];
@@ -424,20 +581,14 @@ impl<'r> Session<'r> {
             self.written.file(objects.join(&hex[..2]).join(&hex[2..]));
         }
         self.written.dir(objects);
-        let head = repo.find_reference("HEAD")?;
-        if let Some(name) = head.symbolic_target()? {
-            let git_dir = repo.path();
-            let file = git_dir.join(name);
-            self.written.parents_up_to(&file, &git_dir.join("refs"));
-            self.written.file(file);
-        }
         Ok(())
     }
 
-    /// Make the index entry of `path` HEAD's version (after a commit made by an earlier
-    /// session that crashed before its index was written, or a roll-back).
+    /// Make the index entry of `path` the session's newest commit's version (after a
+    /// commit made by an earlier session that crashed before its index was written, or
+    /// a roll-back).
     pub fn stage_head_version(&mut self, path: &str) -> Result<(), GitError> {
-        let tree = self.repo.head()?.peel_to_tree()?;
+        let tree = self.tip()?.tree()?;
         let entry = match tree.get_path(Path::new(path)) {
             Ok(entry) => Entry::Blob {
                 id: entry.id(),
@@ -450,43 +601,24 @@ impl<'r> Session<'r> {
         Ok(())
     }
 
-    /// Move HEAD's branch from `from` to `target` (a merge or fast-forward made by sync,
-    /// whose files are in place already) and make the index entries of `paths` the
-    /// target's versions (with the stat data of the files written, when known).
+    /// Move to `target` (a merge or fast-forward made by sync on top of `from`, the
+    /// session's newest commit, whose files are in place already) and make the index
+    /// entries of `paths` the target's versions (with the stat data of the files
+    /// written, when known).
     pub fn advance(
         &mut self,
         from: Oid,
         target: Oid,
         paths: &[(String, Option<Metadata>)],
     ) -> Result<(), GitError> {
-        let repo = self.repo;
-        let name = repo
-            .head()?
-            .name()
-            .map(str::to_string)
-            .map_err(|_| git2::Error::from_str("HEAD names no branch"))?;
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let current = repo.refname_to_id(&name)?;
-            if current == target {
-                break;
-            }
-            match repo.reference_matching(&name, target, true, from, "alexandria: sync") {
-                Ok(_) => break,
-                Err(e)
-                    if matches!(
-                        e.code(),
-                        git2::ErrorCode::Locked | git2::ErrorCode::Modified
-                    ) && started.elapsed() < self.timeout =>
-                {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(20));
-                }
-                Err(e) => return Err(e.into()),
-            }
+        if from != self.tip {
+            return Err(GitError::Moved);
         }
-        let tree = repo.find_commit(target)?.tree()?;
+        if target != self.tip {
+            self.chain.push(Link::Moved { id: target });
+            self.moved_to(target)?;
+        }
+        let tree = self.repo.find_commit(target)?.tree()?;
         for (path, stat) in paths {
             let entry = match tree.get_path(Path::new(path)) {
                 Ok(entry) => Entry::Blob {
@@ -501,51 +633,187 @@ impl<'r> Session<'r> {
         Ok(())
     }
 
-    /// Move HEAD's branch back to `target` (a roll-back of the daemon's own commit).
+    /// Go back to `target` (a roll-back of the daemon's own commits): a commit of this
+    /// session's chain, or one below it.
     pub fn reset_soft(&mut self, target: &git2::Commit<'_>) -> Result<(), GitError> {
-        self.repo
-            .reset(target.as_object(), git2::ResetType::Soft, None)?;
+        let target = target.id();
+        if target == self.tip {
+            return Ok(());
+        }
+        if let Some(at) = self.chain.iter().position(|link| link.id() == target) {
+            self.chain.truncate(at + 1);
+        } else if target == self.base {
+            self.chain.clear();
+        } else {
+            self.chain.clear();
+            self.chain.push(Link::Moved { id: target });
+        }
+        self.moved_to(target)
+    }
+
+    /// Make the chain again on top of `base` (someone moved HEAD's branch there since
+    /// the session began: a `git reset`, or a `git commit` that released the index lock
+    /// before moving the branch).
+    fn rebuild_on(&mut self, base: Oid) -> Result<(), GitError> {
+        let mut parent = base;
+        let mut chain = std::mem::take(&mut self.chain);
+        let result = (|| {
+            for link in &mut chain {
+                let Link::Commit {
+                    id,
+                    entries,
+                    message,
+                    author,
+                    committer,
+                    ..
+                } = link
+                else {
+                    return Err(GitError::Moved);
+                };
+                *id = self.make(parent, entries, message, author, committer)?;
+                parent = *id;
+            }
+            Ok(())
+        })();
+        self.chain = chain;
+        result?;
+        self.base = base;
+        self.moved_to(parent)
+    }
+
+    /// Move HEAD's branch from the session's base to its tip (compare and swap); if
+    /// someone moved the branch meanwhile, make the chain again on top of where it is.
+    fn publish(&mut self) -> Result<(), GitError> {
+        let repo = self.repo;
+        let message = match self.chain.last() {
+            Some(Link::Commit { message, .. }) => {
+                format!("commit: {}", message.lines().next().unwrap_or("alexandria"))
+            }
+            _ => "alexandria: move".to_string(),
+        };
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            // A branch switched by hand (`git switch` moves HEAD after it released
+            // the index lock) is followed.
+            let branch = head_branch(repo)?;
+            let current = repo.refname_to_id(&branch)?;
+            if current == self.tip {
+                return self.record_ref(&branch);
+            }
+            if current != self.base {
+                tracing::info!(
+                    from = %self.base,
+                    to = %current,
+                    "HEAD's branch moved during a commit; making it again on top"
+                );
+                self.rebuild_on(current)?;
+            }
+            match repo.reference_matching(&branch, self.tip, true, self.base, &message) {
+                Ok(_) => return self.record_ref(&branch),
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        git2::ErrorCode::Locked | git2::ErrorCode::Modified
+                    ) && started.elapsed() < self.timeout =>
+                {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn record_ref(&mut self, branch: &str) -> Result<(), GitError> {
+        let git_dir = self.repo.path();
+        let file = git_dir.join(branch);
+        self.written.parents_up_to(&file, &git_dir.join("refs"));
+        self.written.file(file);
         Ok(())
     }
 
     /// Write the index entries of every path committed in this session (the rest of the
-    /// index untouched), put the new index in place and release the lock. Returns what
-    /// the session wrote, for the flush before the write is acknowledged.
-    pub fn finish(self) -> Result<Durable, GitError> {
-        if self.touched.is_empty() {
-            return Ok(self.written);
-        }
-        let git_dir = self.repo.path();
+    /// index untouched) and put the new index in place, then move HEAD's branch to the
+    /// session's newest commit, then release the lock. Returns what the session wrote,
+    /// for the flush before the writes are acknowledged.
+    pub fn finish(mut self) -> Result<Finished, GitError> {
+        let git_dir = self.repo.path().to_path_buf();
         let current = git_dir.join("index");
-        let next = git_dir.join(NEXT_INDEX);
-        let _ = fs::remove_file(&next);
-        let mut index = match fs::hard_link(&current, &next) {
-            Ok(()) => git2::Index::open(&next)?,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                // No index at all (deleted by hand): start from HEAD's tree.
-                let mut index = git2::Index::open(&next)?;
-                index.read_tree(&self.repo.head()?.peel_to_tree()?)?;
-                index
+        let previous = git_dir.join(PREVIOUS_INDEX);
+        let moves = !self.chain.is_empty();
+        let indexed = !self.touched.is_empty();
+        if indexed {
+            let next = git_dir.join(NEXT_INDEX);
+            let _ = fs::remove_file(&next);
+            let mut index = match fs::hard_link(&current, &next) {
+                Ok(()) => git2::Index::open(&next)?,
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    // No index at all (deleted by hand): start from HEAD's tree.
+                    let mut index = git2::Index::open(&next)?;
+                    index.read_tree(&self.repo.find_commit(self.base)?.tree()?)?;
+                    index
+                }
+                Err(e) => return Err(io("reading git's index")(e)),
+            };
+            for (path, entry) in &self.touched {
+                match entry {
+                    Entry::Blob { id, stat } => {
+                        index.add(&index_entry(path, *id, stat.as_ref()))?;
+                    }
+                    Entry::Gone => match index.remove_path(Path::new(path)) {
+                        Ok(()) => {}
+                        Err(e) if e.code() == git2::ErrorCode::NotFound => {}
+                        Err(e) => return Err(e.into()),
+                    },
+                }
             }
-            Err(e) => return Err(io("reading git's index")(e)),
-        };
-        for (path, entry) in &self.touched {
-            match entry {
-                Entry::Blob { id, stat } => index.add(&index_entry(path, *id, stat.as_ref()))?,
-                Entry::Gone => match index.remove_path(Path::new(path)) {
-                    Ok(()) => {}
-                    Err(e) if e.code() == git2::ErrorCode::NotFound => {}
-                    Err(e) => return Err(e.into()),
-                },
+            // Written to `alexandria-index.lock`, renamed to `alexandria-index`.
+            index.write()?;
+            if moves {
+                // Kept until the branch has moved, to be put back if it cannot.
+                let _ = fs::remove_file(&previous);
+                let _ = fs::hard_link(&current, &previous);
+            }
+            fs::rename(&next, &current).map_err(io("replacing git's index"))?;
+            self.written.file(current.clone());
+        }
+        if moves {
+            if let Err(error) = self.publish() {
+                if indexed {
+                    let _ = fs::rename(&previous, &current);
+                }
+                return Err(error);
+            }
+            if indexed {
+                let _ = fs::remove_file(&previous);
             }
         }
-        // Written to `alexandria-index.lock`, renamed to `alexandria-index`.
-        index.write()?;
-        fs::rename(&next, &current).map_err(io("replacing git's index"))?;
-        drop(self.lock);
-        let mut written = self.written;
-        written.file(current);
-        Ok(written)
+        let mut renamed = BTreeMap::new();
+        for link in &self.chain {
+            if let Link::Commit { first, id, .. } = link
+                && first != id
+            {
+                renamed.insert(*first, *id);
+            }
+        }
+        let published = moves.then_some(self.tip);
+        let durable = std::mem::take(&mut self.written);
+        // Removes `.git/alexandria-pending`, then releases the index lock.
+        drop(self);
+        Ok(Finished {
+            durable,
+            renamed,
+            published,
+        })
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        if self.pending.take().is_some() {
+            let _ = fs::remove_file(self.repo.path().join(PENDING_FILE));
+        }
     }
 }
 
@@ -652,6 +920,124 @@ mod tests {
             .map(|s| format!("{:?} {}", s.status(), s.path().unwrap_or("")))
             .collect();
         assert_eq!(dirty, vec!["Status(INDEX_NEW) mine.txt".to_string()]);
+    }
+
+    fn page(path: &'static str, bytes: &'static [u8]) -> Change<'static> {
+        Change {
+            path,
+            content: Content::Bytes(bytes),
+            stat: None,
+        }
+    }
+
+    fn index_blob(repo: &Repository, path: &str) -> Option<Oid> {
+        let mut index = repo.index().expect("index");
+        index.read(true).expect("read index");
+        index.get_path(Path::new(path), 0).map(|e| e.id)
+    }
+
+    #[test]
+    fn the_branch_moves_once_after_the_index_is_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = repo_with_one_commit(dir.path());
+        let start = repo.head().expect("head").target().expect("target");
+        let me = Signature::now("t", "t@t").expect("sig");
+        let mut session = Session::begin(&repo, Duration::from_millis(10)).expect("begin");
+        let first = session
+            .commit(&[page("wiki/one.md", b"one")], "one", &me)
+            .expect("commit");
+        let second = session
+            .commit(&[page("wiki/two.md", b"two")], "two", &me)
+            .expect("commit");
+        // Nothing a lock-free reader can see has moved yet.
+        assert_eq!(repo.head().expect("head").target(), Some(start));
+        assert_eq!(index_blob(&repo, "wiki/one.md"), None);
+        assert_eq!(session.tip().expect("tip").id(), second);
+        assert_eq!(
+            read_pending(repo.path()),
+            Some(second),
+            "the chain is recorded for recovery"
+        );
+        let finished = session.finish().expect("finish");
+        assert_eq!(finished.published, Some(second));
+        assert_eq!(finished.id(&first.to_string()), first.to_string());
+        let head = repo.head().expect("head").peel_to_commit().expect("commit");
+        assert_eq!(head.id(), second);
+        assert_eq!(head.parent_id(0).expect("parent"), first);
+        assert!(index_blob(&repo, "wiki/one.md").is_some());
+        assert!(index_blob(&repo, "wiki/two.md").is_some());
+        assert_eq!(read_pending(repo.path()), None);
+        assert!(!repo.path().join("index.lock").exists());
+    }
+
+    #[test]
+    fn a_branch_moved_during_the_session_gets_the_chain_on_top() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = repo_with_one_commit(dir.path());
+        let me = Signature::now("t", "t@t").expect("sig");
+        let mut session = Session::begin(&repo, Duration::from_millis(10)).expect("begin");
+        let ours = session
+            .commit(&[page("wiki/ours.md", b"ours")], "ours", &me)
+            .expect("commit");
+        // Someone moves the branch without the index lock (`git reset --soft`, or a
+        // `git commit` that released the lock before it moved the ref).
+        let other = Repository::open(dir.path()).expect("open");
+        let theirs = {
+            let head = other
+                .head()
+                .expect("head")
+                .peel_to_commit()
+                .expect("commit");
+            let mut update = git2::build::TreeUpdateBuilder::new();
+            let blob = other.blob(b"theirs").expect("blob");
+            update.upsert("theirs.md", blob, FileMode::Blob);
+            let tree = other
+                .find_tree(
+                    update
+                        .create_updated(&other, &head.tree().expect("tree"))
+                        .expect("tree"),
+                )
+                .expect("tree");
+            other
+                .commit(Some("HEAD"), &me, &me, "theirs", &tree, &[&head])
+                .expect("commit")
+        };
+        let finished = session.finish().expect("finish");
+        let head = repo.head().expect("head").peel_to_commit().expect("commit");
+        assert_eq!(head.parent_id(0).expect("parent"), theirs);
+        assert_eq!(finished.id(&ours.to_string()), head.id().to_string());
+        assert_ne!(head.id(), ours);
+        let tree = head.tree().expect("tree");
+        assert!(tree.get_path(Path::new("theirs.md")).is_ok());
+        assert!(tree.get_path(Path::new("wiki/ours.md")).is_ok());
+        assert_eq!(head.message().ok(), Some("ours"));
+    }
+
+    #[test]
+    fn a_session_killed_before_the_branch_moved_is_published_by_recovery() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = repo_with_one_commit(dir.path());
+        let start = repo.head().expect("head").target().expect("target");
+        let me = Signature::now("t", "t@t").expect("sig");
+        let mut session = Session::begin(&repo, Duration::from_millis(10)).expect("begin");
+        let tip = session
+            .commit(
+                &[page("wiki/found.md", b"an editor's save")],
+                "outside",
+                &me,
+            )
+            .expect("commit");
+        // The process dies: no drop, the lock and the pending record stay.
+        std::mem::forget(session);
+        assert_eq!(repo.head().expect("head").target(), Some(start));
+        assert!(remove_own_stale_lock(repo.path()));
+        assert_eq!(
+            stage_last_commit(&repo, Duration::from_millis(10)).expect("recover"),
+            1
+        );
+        assert_eq!(repo.head().expect("head").target(), Some(tip));
+        assert!(index_blob(&repo, "wiki/found.md").is_some());
+        assert_eq!(read_pending(repo.path()), None);
     }
 
     #[test]

@@ -1,0 +1,249 @@
+//! Saves that land in a page's replaced file after the write (issue 20).
+//!
+//! An editor that opened the page before a write swapped it out may put its save into
+//! the file it still holds open (a save in place), which is no longer the page. The
+//! write looks at that file until its commit; a save that lands later would be lost.
+//! So the replaced file stays open for a grace period after the write (`GRACE`, at
+//! most `MAX_WATCHED` files, one thread polling `fstat`, and a last comparison of the
+//! bytes when the period ends). A save found there is committed as an outside edit
+//! (history names the commit that holds the text before it) and put in place, unless
+//! the page changed since: a newer version is never overwritten; the late save is then
+//! committed and the page's current version committed again on top, so that HEAD
+//! matches the page and history names both.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// How long a replaced file is watched after the write.
+pub const GRACE: Duration = Duration::from_secs(3);
+/// Most replaced files watched at once (open file descriptors); the oldest goes first.
+const MAX_WATCHED: usize = 256;
+const POLL: Duration = Duration::from_millis(20);
+
+/// A replaced file watched after its write.
+pub struct Watch {
+    manifest: Manifest,
+    /// Rev of what the write put in place.
+    placed: Option<String>,
+    replaced: place::Replaced,
+    until: Instant,
+}
+
+impl Watch {
+    pub(super) fn new(
+        manifest: &Manifest,
+        placed: Option<String>,
+        replaced: place::Replaced,
+    ) -> Self {
+        Watch {
+            manifest: manifest.clone(),
+            placed,
+            replaced,
+            until: Instant::now() + GRACE,
+        }
+    }
+}
+
+static STARTED: AtomicBool = AtomicBool::new(false);
+static WATCHED: LazyLock<(Mutex<VecDeque<Watch>>, Condvar)> = LazyLock::new(Default::default);
+
+/// Watch a replaced file for the grace period (if the watcher runs).
+pub(super) fn watch(watch: Watch) {
+    if !STARTED.load(Ordering::Acquire) {
+        return;
+    }
+    let (queue, wake) = &*WATCHED;
+    let mut queue = queue.lock().unwrap_or_else(|p| p.into_inner());
+    while queue.len() >= MAX_WATCHED {
+        queue.pop_front();
+    }
+    queue.push_back(watch);
+    wake.notify_one();
+}
+
+/// Start the thread that watches replaced files. It runs for the life of the process.
+pub fn spawn(store: Arc<Store>) {
+    STARTED.store(true, Ordering::Release);
+    let spawned = std::thread::Builder::new()
+        .name("late-saves".into())
+        .spawn(move || run(&store));
+    if let Err(error) = spawned {
+        STARTED.store(false, Ordering::Release);
+        tracing::error!(%error, "cannot start the watcher of replaced pages");
+    }
+}
+
+fn run(store: &Store) {
+    let (queue, wake) = &*WATCHED;
+    loop {
+        {
+            let mut watched = queue.lock().unwrap_or_else(|p| p.into_inner());
+            while watched.is_empty() {
+                watched = wake.wait(watched).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        std::thread::sleep(POLL);
+        let due: Vec<Watch> = {
+            let mut watched = queue.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            let (due, keep): (Vec<Watch>, Vec<Watch>) = watched
+                .drain(..)
+                .partition(|w| w.until <= now || w.replaced.touched());
+            watched.extend(keep);
+            due
+        };
+        for mut watch in due {
+            let expired = watch.until <= Instant::now();
+            let changed = if expired {
+                watch.replaced.reread()
+            } else {
+                watch.replaced.refresh(true)
+            };
+            match changed {
+                Ok(true) => {}
+                Ok(false) if expired => continue,
+                Ok(false) => {
+                    watch_again(watch);
+                    continue;
+                }
+                Err(error) => {
+                    tracing::warn!(path = %watch.manifest.path, %error, "cannot read a replaced page");
+                    continue;
+                }
+            }
+            let Some(bytes) = watch.replaced.bytes.clone() else {
+                continue;
+            };
+            match commit_late(store, &watch.manifest, watch.placed.as_deref(), &bytes) {
+                Ok((placed, replaced)) => {
+                    if let Some(placed) = placed {
+                        watch.placed = Some(placed);
+                    }
+                    // What putting the save in place replaced may be open in an editor too.
+                    for file in replaced.into_iter().filter(place::Replaced::is_open) {
+                        watch_again(Watch {
+                            manifest: watch.manifest.clone(),
+                            placed: watch.placed.clone(),
+                            replaced: file,
+                            until: watch.until,
+                        });
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(path = %watch.manifest.path, run = %watch.manifest.run_id, %error, "cannot commit a save found in a replaced page");
+                }
+            }
+            // The editor may still be writing into it, or save into it again.
+            if !expired {
+                watch_again(watch);
+            }
+        }
+    }
+}
+
+fn watch_again(watch: Watch) {
+    let (queue, _) = &*WATCHED;
+    queue
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push_back(watch);
+}
+
+/// What `commit_late` did: the rev it put in place (if it did) and the files its swaps
+/// replaced.
+type LateDone = (Option<String>, Vec<place::Replaced>);
+
+/// Commit `bytes`, saved into the file the run replaced, as an outside edit, and put
+/// it in place if the page is still what the run put there (`placed`).
+fn commit_late(
+    store: &Store,
+    manifest: &Manifest,
+    placed: Option<&str>,
+    bytes: &[u8],
+) -> ToolResult<LateDone> {
+    let workspace = &manifest.workspace;
+    let state = store.state(workspace);
+    let holder = format!("{}-late", manifest.run_id);
+    let lock = lock_workspace(store, &state, workspace, &holder)?;
+    let index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let root = store.workspace_dir(workspace);
+    let target = root.join(&manifest.path);
+    // Where the swap below keeps what it replaces (a save just now, committed too).
+    let dir = run_dir(store, workspace, &holder);
+    let changed = Cell::new(false);
+    let timeout = git_lock_timeout(store);
+    let result = state.with_repo(&root, |repo| -> ToolResult<_> {
+        let mut session = git::Session::begin(repo, timeout).map_err(git_error)?;
+        let mut page = Page::new(
+            &mut session,
+            manifest,
+            &root,
+            &target,
+            &dir,
+            &changed,
+            false,
+        );
+        page.committed = page
+            .session
+            .repo()
+            .head()
+            .ok()
+            .and_then(|h| h.peel_to_tree().ok())
+            .and_then(|t| t.get_path(Path::new(&manifest.path)).ok())
+            .map(|e| e.id().to_string());
+        page.reason = Reason::Late;
+        let on_disk = fs::read(&target).ok();
+        let disk = rev_of(on_disk.as_deref());
+        page.commit_outside(Some(bytes))?;
+        let now_in_place = if disk.is_some() && disk.as_deref() == placed {
+            page.put_back(Some(bytes.to_vec()), disk)?;
+            Some(revision(bytes))
+        } else {
+            // Changed since the write: that newer version stays, and is committed on
+            // top so that HEAD matches the page.
+            page.reason = Reason::Newer;
+            let op = if on_disk.is_some() {
+                "outside_edit"
+            } else {
+                "outside_delete"
+            };
+            if page.committed != disk {
+                page.commit_version(
+                    on_disk.as_deref(),
+                    op,
+                    "The page had changed since the write whose replaced file an editor saved \
+                     into; that late save is committed just before, and the page's current \
+                     version stays in place.",
+                )?;
+            }
+            None
+        };
+        let outside = std::mem::take(&mut page.outside);
+        let replaced = std::mem::take(&mut page.late);
+        let finished = session.finish().map_err(git_error)?;
+        // Commits made again on top of a branch someone moved meanwhile.
+        let outside = super::follow(outside, &finished);
+        Ok((outside, finished.durable, now_in_place, replaced))
+    });
+    let _ = fs::remove_dir_all(&dir);
+    let (outside, _durable, now_in_place, replaced) = result?;
+    let mut connection = store.pool.get()?;
+    let transaction = connection.transaction()?;
+    record(&transaction, &root, manifest, None, &outside, now_ms())?;
+    if target.exists() {
+        index::index_file(&transaction, workspace, &manifest.path, &target)?;
+    } else {
+        index::remove_file(&transaction, workspace, &manifest.path)?;
+    }
+    transaction.commit()?;
+    drop(index);
+    drop(lock);
+    tracing::info!(path = %manifest.path, run = %manifest.run_id, put_in_place = now_in_place.is_some(), "committed a save found in the file a write replaced");
+    store.changed(workspace, &manifest.path);
+    flush_to_disk(store, workspace)?;
+    Ok((now_in_place, replaced))
+}
