@@ -146,8 +146,23 @@ pub fn swap_in(target: &Path, bytes: &[u8], keep: &Path) -> std::io::Result<Swap
     if let Some(dir) = keep.parent() {
         fs::create_dir_all(dir)?;
     }
-    let mut file = File::create(keep)?;
-    file.write_all(bytes)?;
+    // Written under a temporary name and renamed to `keep` whole: recovery takes a
+    // kept file whose bytes are not the run's text for a version the swap replaced, so
+    // it must never see one half written (a crash between create and write).
+    let fresh = keep.with_file_name(format!(
+        ".new-{}",
+        keep.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    let mut file = File::create(&fresh)?;
+    if let Err(e) = file
+        .write_all(bytes)
+        .and_then(|()| fs::rename(&fresh, keep))
+    {
+        let _ = fs::remove_file(&fresh);
+        return Err(e);
+    }
     let (replaced, stat, named) = match exchange(keep, target) {
         // Stat data after the move (a rename changes the ctime), for git's index.
         Ok((replaced, named)) => (replaced, file.metadata().ok(), named),
