@@ -259,6 +259,50 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Deletions in `root`'s history that alexandria did not put back: every commit that
+/// deleted paths, with the paths no later `Alexandria-Op: restore` commit committed
+/// again. A hand `git commit` made from a copy of git's index read before a daemon
+/// commit drops that commit's pages (git does the same to any other program that
+/// writes the index); the daemon commits them again. Nothing else may delete a page in
+/// the tests that use this. Empty when all is well.
+pub fn unrestored_deletions(root: &Path) -> String {
+    let restored: std::collections::HashSet<String> = git(
+        root,
+        &[
+            "log",
+            "--grep=^Alexandria-Op: restore$",
+            "--name-only",
+            "--format=",
+        ],
+    )
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .map(str::to_string)
+    .collect();
+    let mut report = String::new();
+    let mut commit = String::new();
+    for line in git(
+        root,
+        &[
+            "log",
+            "--diff-filter=D",
+            "--name-only",
+            "--format=@%h %cn: %s",
+        ],
+    )
+    .lines()
+    {
+        if let Some(header) = line.strip_prefix('@') {
+            commit = header.to_string();
+        } else if !line.trim().is_empty()
+            && (commit.contains(" alexandria: ") || !restored.contains(line))
+        {
+            report.push_str(&format!("{commit} — {line}\n"));
+        }
+    }
+    report
+}
+
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => !stat

@@ -634,7 +634,7 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
         &["log", "--diff-filter=D", "--name-only", "--format=%h %s"],
     );
     let status = git(&root, &["status", "--porcelain"]);
-    if lost > 0 || !deleted.trim().is_empty() || !status.is_empty() {
+    if lost > 0 || !alexandria_tests::unrestored_deletions(&root).is_empty() || !status.is_empty() {
         // Keep the home for a look at the daemon's log and the run directories.
         let keep = std::path::PathBuf::from(format!(
             "/tmp/alx-kill-loop-{}-{}",
@@ -692,9 +692,10 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
             "{path} (hand commit) not in HEAD"
         );
     }
+    let unrestored = alexandria_tests::unrestored_deletions(&root);
     assert!(
-        deleted.trim().is_empty(),
-        "commits deleted paths:\n{deleted}"
+        unrestored.is_empty(),
+        "commits deleted paths that were not put back:\n{unrestored}\nall deletions:\n{deleted}"
     );
     assert_eq!(status, "");
     git(&root, &["fsck"]);

@@ -215,6 +215,8 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
     };
     let root = store.workspace_dir(workspace);
     let index_guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    // Pages a hand `git commit` dropped since the last group go back first.
+    super::restore::check(store, workspace, true);
     let timeout = git_lock_timeout(store);
     let mut members: Vec<Member> = Vec::new();
     let mut start: Option<git2::Oid> = None;

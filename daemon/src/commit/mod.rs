@@ -26,6 +26,7 @@ pub mod late;
 pub mod place;
 pub mod rebuild;
 pub mod recover;
+mod restore;
 pub mod watch;
 
 pub(crate) use group::submit;

@@ -72,6 +72,9 @@ pub fn recover(store: &Arc<Store>) -> Vec<String> {
                 }
             }
         }
+        // Pages a hand `git commit` dropped (maybe just before the daemon died) go back
+        // before the runs are completed on top.
+        restore::check(store, &workspace, false);
         let runs = store.workspace_dir(&workspace).join("runs");
         let Ok(entries) = fs::read_dir(&runs) else {
             continue;

@@ -95,6 +95,11 @@ fn run(store: &Store) {
             }
         }
         first_round = false;
+        // Pages a hand `git commit` dropped from HEAD or git's index (a stat and a ref
+        // read per workspace unless one of them changed).
+        for slug in &watched {
+            super::restore::check(store, slug, false);
+        }
         // Wake at least every second to watch new workspaces.
         let wait = rescan_every
             .saturating_sub(last_full.elapsed())

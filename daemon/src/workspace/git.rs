@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use git2::{FileMode, IndexEntry, IndexTime, Oid, Repository, RepositoryState, Signature};
 
-use super::Durable;
+use super::{Durable, dropped};
 
 /// What a person is doing in a repository, as far as writes are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -385,6 +385,10 @@ pub struct Session<'r> {
     pending: Option<File>,
     /// Object files, refs and the index this session wrote: what must be flushed.
     written: Durable,
+    /// HEAD and the index were as the daemon last saw them consistent when the session
+    /// began (or were checked since): what `finish` leaves is consistent too
+    /// (`dropped`).
+    verified: bool,
 }
 
 /// What a finished session did.
@@ -439,6 +443,7 @@ impl<'r> Session<'r> {
             state => return Err(GitError::InUse(state)),
         }
         let base = repo.refname_to_id(&head_branch(repo)?)?;
+        let verified = dropped::is_known(repo, &dropped::seen_now(repo));
         Ok(Session {
             repo,
             _lock: lock,
@@ -449,7 +454,24 @@ impl<'r> Session<'r> {
             touched: BTreeMap::new(),
             pending: None,
             written: Durable::default(),
+            verified,
         })
+    }
+
+    /// HEAD and the index were checked for pages a hand commit dropped, under this
+    /// session's lock (`dropped::find`), and repaired in it.
+    pub fn mark_verified(&mut self) {
+        self.verified = true;
+    }
+
+    /// Make the index entry of `path` the blob `id` (None: no entry), with the stat data
+    /// of the file on disk when it is known.
+    pub fn stage(&mut self, path: &str, id: Option<Oid>, stat: Option<Metadata>) {
+        let entry = match id {
+            Some(id) => Entry::Blob { id, stat },
+            None => Entry::Gone,
+        };
+        self.touched.insert(path.to_string(), entry);
     }
 
     pub fn repo(&self) -> &'r Repository {
@@ -798,6 +820,10 @@ impl<'r> Session<'r> {
             }
         }
         let published = moves.then_some(self.tip);
+        if self.verified {
+            // Still under the index lock: nobody else changed them since.
+            dropped::remember(self.repo, dropped::seen_now(self.repo));
+        }
         let durable = std::mem::take(&mut self.written);
         // Removes `.git/alexandria-pending`, then releases the index lock.
         drop(self);

@@ -36,6 +36,9 @@ pub const SESSION: &str = "Alexandria-Session";
 /// `Alexandria-Op` of a workspace's first commit and of an ingest.
 pub const OP_CREATE_WORKSPACE: &str = "create-workspace";
 pub const OP_INGEST: &str = "ingest";
+/// `Alexandria-Op` of a commit that puts back pages a commit made outside alexandria
+/// dropped from HEAD (`commit::restore`).
+pub const OP_RESTORE: &str = "restore";
 
 /// One agent write or delete, as its commit records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +116,12 @@ pub fn outside(op: &str, subject: &str, body: &str) -> String {
         body.trim(),
         one_line(op)
     )
+}
+
+/// The message of a commit that puts back pages a commit made outside alexandria
+/// dropped: subject, a paragraph for people, the trailer.
+pub fn restore(subject: &str, body: &str) -> String {
+    outside(OP_RESTORE, subject, body)
 }
 
 /// The author name of an agent's commit: its client, or "unknown client".
