@@ -52,6 +52,25 @@ impl Session {
         paths
     }
 
+    /// Every path found for `query` (up to the largest limit), sorted.
+    fn found_all(&mut self, query: &str) -> Vec<String> {
+        let result = self.call("search", json!({"query": query, "limit": 1000}));
+        let mut paths: Vec<String> = result["structuredContent"]["hits"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|h| h["path"].as_str().map(str::to_string))
+            .collect();
+        paths.sort();
+        paths.dedup();
+        paths
+    }
+
+    fn index_status(&mut self) -> Value {
+        self.call("guide", json!({}))["structuredContent"]["search_index"].clone()
+    }
+
     /// Wait until the index is open and has committed everything queued.
     fn wait_for_index(&mut self) {
         let mut status = Value::Null;
@@ -78,10 +97,7 @@ fn paths(names: &[&str]) -> Vec<String> {
 /// it, after a restart, and after the index was deleted or damaged.
 #[test]
 fn search_index_follows_writes_restarts_and_losses() {
-    let mut env = Env::new();
-    // The index is opt-in (see index/engine.rs).
-    env.vars
-        .push(("ALEXANDRIA_SEARCH_INDEX".into(), Some("on".into())));
+    let env = Env::new();
     env.ok(&["init"]);
     env.ok(&["workspace", "create", "lab"]);
     let mut session = Session::open(&env);
@@ -160,9 +176,7 @@ fn search_index_follows_writes_restarts_and_losses() {
 /// the old one is rebuilt, not trusted).
 #[test]
 fn search_index_survives_a_kill_and_a_lost_state_db() {
-    let mut env = Env::new();
-    env.vars
-        .push(("ALEXANDRIA_SEARCH_INDEX".into(), Some("on".into())));
+    let env = Env::new();
     env.ok(&["init"]);
     env.ok(&["workspace", "create", "lab"]);
     let mut session = Session::open(&env);
@@ -197,4 +211,88 @@ fn search_index_survives_a_kill_and_a_lost_state_db() {
     session.wait_for_index();
     assert_eq!(session.found("burrow"), expected);
     assert_eq!(session.found("kelp"), paths(&["c.md"]));
+}
+
+/// The index is on by default. A daemon killed in the middle of its first build (more
+/// pages than the overlay takes: a bulk load, committed only at its end) answers the
+/// same after a restart, before and after the index has caught up; a phrase whose
+/// word pairs are all in a page, but not together, is not found.
+#[test]
+fn search_index_killed_mid_build_catches_up() {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    env.ok(&["daemon", "stop"]);
+    let wiki = env.workspace_dir("lab").join("wiki");
+    let pages = 1_500;
+    let (mut quokkas, mut phrases) = (Vec::new(), Vec::new());
+    for i in 0..pages {
+        let mut text = format!("# Page {i}\n\nSome words about burrows and the sea, page {i}.\n");
+        if i % 7 == 0 {
+            text.push_str("A quokka lives here.\n");
+            quokkas.push(format!("wiki/p{i}.md"));
+        }
+        if i % 11 == 0 {
+            text.push_str("Under the red kelp forest.\n");
+            phrases.push(format!("wiki/p{i}.md"));
+        } else if i % 11 == 1 {
+            // Both pairs of the phrase, never the phrase.
+            text.push_str("The red kelp, and a kelp forest.\n");
+        }
+        std::fs::write(wiki.join(format!("p{i}.md")), text).expect("write page");
+    }
+    quokkas.sort();
+    phrases.sort();
+    let check = |session: &mut Session, when: &str| {
+        assert_eq!(session.found_all("quokka"), quokkas, "{when}");
+        assert_eq!(session.found_all("\"red kelp forest\""), phrases, "{when}");
+        assert_eq!(
+            session.found_all("\"forest kelp red\""),
+            Vec::<String>::new(),
+            "{when}"
+        );
+    };
+
+    let mut session = Session::open(&env);
+    // The first search waits for the catch-up with the disk (FTS5 answers); the index
+    // commits its bulk load no sooner than a second after the queue went quiet.
+    check(&mut session, "before the index is built");
+    let status = session.index_status();
+    assert!(
+        status["ready"] == false || status["queued"] != 0,
+        "the index was already built: {status}"
+    );
+    drop(session);
+    env.kill_daemon();
+
+    let mut session = Session::open(&env);
+    check(&mut session, "after the kill");
+    session.wait_for_index();
+    check(&mut session, "once the index caught up");
+    drop(session);
+
+    // Restarted with the index whole: it is used at once, and is right.
+    env.ok(&["daemon", "stop"]);
+    let mut session = Session::open(&env);
+    session.wait_for_index();
+    check(&mut session, "after a restart");
+}
+
+/// `ALEXANDRIA_SEARCH_INDEX=off` leaves every search to FTS5: no index is opened.
+#[test]
+fn search_index_can_be_turned_off() {
+    let mut env = Env::new();
+    env.vars
+        .push(("ALEXANDRIA_SEARCH_INDEX".into(), Some("off".into())));
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let mut session = Session::open(&env);
+    session.write("wiki/a.md", "# A\n\nA burrow of wombats.\n");
+    assert_eq!(session.found("burrow"), paths(&["a.md"]));
+    let status = session.index_status();
+    assert!(
+        status["ready"] == false && status["queued"].is_null(),
+        "{status}"
+    );
+    assert!(!env.home.join("search-index").exists());
 }

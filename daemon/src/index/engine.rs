@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OptionalExtension, params};
 use tantivy::collector::TopDocs;
 use tantivy::directory::{MmapDirectory, RamDirectory};
-use tantivy::indexer::{IndexWriterOptions, LogMergePolicy};
-use tantivy::query::{Bm25StatisticsProvider, BooleanQuery, Occur, PhraseQuery, Query, TermQuery};
+use tantivy::indexer::{IndexWriterOptions, LogMergePolicy, NoMergePolicy};
+use tantivy::query::{Bm25StatisticsProvider, BooleanQuery, Occur, Query, TermQuery};
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
 };
@@ -46,7 +46,7 @@ use crate::db::Pool;
 use crate::workspace::Store;
 
 /// Bumped when the schema or the terms change: an index with another one is rebuilt.
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 /// Writer memory: the terms held before a segment is written (tantivy's floor is 15 MB).
 const WRITER_BUDGET: usize = 32_000_000;
 /// Documents handed to tantivy's indexing thread and not tokenized yet. tantivy queues
@@ -127,10 +127,10 @@ fn schema() -> (Schema, Fields) {
         )
     };
     let body = builder.add_text_field("body", text(TERMS, IndexRecordOption::WithFreqs));
-    let pairs = builder.add_text_field(
-        "pairs",
-        text(PAIRS, IndexRecordOption::WithFreqsAndPositions),
-    );
+    // Pairs without positions: a phrase of three words or more is its pairs ANDed,
+    // then checked in the chunk's text (`Engine::search`). Positions made the pairs
+    // the costliest part of a build.
+    let pairs = builder.add_text_field("pairs", text(PAIRS, IndexRecordOption::WithFreqs));
     let fields = Fields {
         file_id,
         rowid,
@@ -261,6 +261,8 @@ pub struct Engine {
     ready: AtomicBool,
     /// Texts our tokenizer began to index (see `IN_FLIGHT`).
     started: Arc<AtomicU64>,
+    /// Set when the merge that follows a bulk load is done (the reader then reloads).
+    merged: Arc<AtomicBool>,
 }
 
 /// The indexer's position: what it handed to the writer, and when.
@@ -274,6 +276,8 @@ struct Feed {
     grew: Instant,
     /// When to hand freed memory back.
     release: Vec<Instant>,
+    /// In a bulk load: the writer merges nothing until it is over (`Engine::bulk`).
+    bulk: bool,
 }
 
 impl Feed {
@@ -284,6 +288,7 @@ impl Feed {
             committed: Instant::now(),
             grew: Instant::now(),
             release: Vec::new(),
+            bulk: false,
         }
     }
 }
@@ -345,20 +350,33 @@ pub fn index_dir(store: &Store) -> PathBuf {
 }
 
 /// Open (or create) the index of `store` and start its indexer thread. Search uses
-/// FTS5 until the index has caught up with the queue.
+/// FTS5 until the index has caught up with the queue, so the daemon answers as soon
+/// as it would without the index.
 ///
-/// Opt-in for now: only with `ALEXANDRIA_SEARCH_INDEX=on` (`off`, or nothing, leaves it
-/// out and FTS5 answers every search). Measured at 10k pages (BENCHMARKS.md, "Search
-/// index against FTS5, one run") every search is faster and memory is bounded, but a
-/// build still costs ~4× the CPU of the FTS5 cold index (tantivy's postings writer and
-/// merges, for words and word pairs), so the index is ready ~2× later than FTS5; the
-/// whole test suite passes with it on.
+/// On unless `ALEXANDRIA_SEARCH_INDEX=off` (FTS5 then answers every search; the queue
+/// is kept, so turning the index on again replays what it missed).
 pub fn start(store: &Arc<Store>) {
-    if !std::env::var("ALEXANDRIA_SEARCH_INDEX").is_ok_and(|v| v == "on") {
-        tracing::info!("search uses FTS5 (ALEXANDRIA_SEARCH_INDEX=on enables the tantivy index)");
+    if std::env::var("ALEXANDRIA_SEARCH_INDEX").is_ok_and(|v| v == "off") {
+        tracing::info!("search uses FTS5 alone (ALEXANDRIA_SEARCH_INDEX=off)");
         return;
     }
     start_engine(store);
+}
+
+/// The indexer's nice value: a build yields the processor to the daemon's calls and
+/// its catch-up with the disk (threads tantivy starts from this one inherit it).
+const INDEXER_NICE: i32 = 5;
+
+/// Lower this thread's priority to `INDEXER_NICE` (never raise it).
+fn lower_priority() {
+    let Ok(now) = rustix::process::getpriority_process(None) else {
+        return;
+    };
+    if now < INDEXER_NICE
+        && let Err(error) = rustix::process::setpriority_process(None, INDEXER_NICE)
+    {
+        tracing::debug!(%error, "cannot lower the search indexer's priority");
+    }
 }
 
 /// Open the index and start its indexer thread, whatever the environment says.
@@ -367,6 +385,7 @@ fn start_engine(store: &Arc<Store>) {
     let spawned = std::thread::Builder::new()
         .name("search-index".into())
         .spawn(move || {
+            lower_priority();
             let pool = store.pool.clone();
             let engine = match Engine::open(&index_dir(&store), &pool) {
                 Ok(engine) => Arc::new(engine),
@@ -443,6 +462,7 @@ impl Engine {
             overlay: Mutex::new(None),
             ready: AtomicBool::new(false),
             started,
+            merged: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -507,6 +527,13 @@ impl Engine {
                     Err(error) => tracing::warn!(%error, "cannot trim the search queue"),
                 }
             }
+            if self.merged.swap(false, Ordering::AcqRel) {
+                let seq = self.snapshot().seq;
+                match self.publish(seq) {
+                    Ok(()) => feed.release.push(Instant::now() + TRIM_SOON),
+                    Err(error) => tracing::warn!(%error, "cannot reload the merged search index"),
+                }
+            }
             if feed.release.first().is_some_and(|at| *at <= Instant::now()) {
                 feed.release.remove(0);
                 release_memory();
@@ -516,22 +543,15 @@ impl Engine {
 
     /// Apply what was queued since the last poll; commit when it is time.
     fn step(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
-        let mut fed = 0;
-        loop {
-            let entries = self.feed(pool, writer, feed)?;
-            if entries == 0 {
-                break;
-            }
-            fed += entries;
-        }
-        if fed > 0 {
-            feed.grew = Instant::now();
-        }
+        while self.feed(pool, writer, feed)? > 0 {}
         let waiting = feed.applied - self.snapshot().seq;
         if waiting <= 0 {
+            if feed.bulk && feed.grew.elapsed() >= BULK_QUIET {
+                self.end_bulk(writer, feed)?;
+            }
             return Ok(());
         }
-        let due = if waiting > OVERLAY_MAX_FILES as i64 {
+        let due = if feed.bulk || waiting > OVERLAY_MAX_FILES as i64 {
             feed.grew.elapsed() >= BULK_QUIET || feed.committed.elapsed() >= BULK_COMMIT_AFTER
         } else {
             // Under a stream of writes, commit at most once a second (the overlay has
@@ -551,6 +571,43 @@ impl Engine {
         }
         feed.applied = self.snapshot().seq;
         feed.sent = self.started.load(Ordering::Acquire);
+        // The writer is a new one, with the default merge policy.
+        feed.bulk = false;
+    }
+
+    /// A bulk load begins: no merges until it is over. Merging while segments keep
+    /// coming cost a quarter of a build's CPU, and merged the same documents again
+    /// and again; one merge at the end (`end_bulk`) is enough.
+    fn bulk(&self, writer: &IndexWriter, feed: &mut Feed) {
+        if !feed.bulk {
+            writer.set_merge_policy(Box::new(NoMergePolicy));
+            feed.bulk = true;
+        }
+    }
+
+    /// The bulk load is committed and the queue has gone quiet: merge its segments
+    /// into one in the background (the index answers meanwhile from the segments as
+    /// they are; the reader reloads when the merge is done), and merge as usual again.
+    fn end_bulk(&self, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+        writer.set_merge_policy(Box::new(LogMergePolicy::default()));
+        feed.bulk = false;
+        let segments = self.index.searchable_segment_ids()?;
+        if segments.len() < 2 {
+            return Ok(());
+        }
+        tracing::debug!(
+            segments = segments.len(),
+            "merging the bulk load's segments"
+        );
+        let merging = writer.merge(&segments);
+        let merged = Arc::clone(&self.merged);
+        std::thread::Builder::new()
+            .name("search-merge".into())
+            .spawn(move || match merging.wait() {
+                Ok(_) => merged.store(true, Ordering::Release),
+                Err(error) => tracing::warn!(%error, "merging the search index failed"),
+            })?;
+        Ok(())
     }
 
     /// Delete queue entries the published snapshot holds (never earlier: see `search`).
@@ -571,7 +628,9 @@ impl Engine {
             None => self.rebuild(pool, writer, feed)?,
         }
         while self.feed(pool, writer, feed)? > 0 {}
-        if feed.applied > self.snapshot().seq {
+        // A bulk load (a cold start with the disk's pages still coming in) is committed
+        // by `step` once the queue has gone quiet; searches use FTS5 meanwhile.
+        if feed.applied > self.snapshot().seq && !feed.bulk {
             self.commit(writer, feed)?;
         }
         self.trim(pool, self.snapshot().seq)
@@ -602,6 +661,7 @@ impl Engine {
 
     fn rebuild(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
         let started = Instant::now();
+        self.bulk(writer, feed);
         writer.delete_all_documents()?;
         let connection = pool.get()?;
         let transaction = connection.unchecked_transaction()?;
@@ -656,6 +716,9 @@ impl Engine {
         let Some(&(last, _)) = queued.last() else {
             return Ok(0);
         };
+        if last - self.snapshot().seq > OVERLAY_MAX_FILES as i64 {
+            self.bulk(writer, feed);
+        }
         let files: BTreeSet<i64> = queued.iter().map(|(_, id)| *id).collect();
         for id in &files {
             writer.delete_term(Term::from_field_u64(self.fields.file_id, *id as u64));
@@ -664,6 +727,7 @@ impl Engine {
             }
         }
         feed.applied = last;
+        feed.grew = Instant::now();
         Ok(queued.len())
     }
 
@@ -751,6 +815,7 @@ impl Engine {
         let built = self.query(&phrases, query, &stats)?;
         let need = query.offset + query.limit + 1;
         let mut paths = PathCache::new(&transaction);
+        let mut verifier = Verifier::new(&phrases);
         let mut ranked = Vec::new();
         // Committed index: pages queued since are left out (the overlay has them).
         let mut fetch = need + pending.len() * 4;
@@ -762,8 +827,14 @@ impl Engine {
             )?;
             ranked.clear();
             for (score, address) in &top {
+                if ranked.len() >= need {
+                    break;
+                }
                 let (file_id, rowid) = ids(main, *address)?;
-                if pending.contains(&file_id) || !paths.in_scope(file_id, query)? {
+                if pending.contains(&file_id)
+                    || !paths.in_scope(file_id, query)?
+                    || !verifier.holds(&transaction, rowid)?
+                {
                     continue;
                 }
                 ranked.push(Ranked {
@@ -788,7 +859,7 @@ impl Engine {
             )?;
             for (score, address) in top {
                 let (file_id, rowid) = ids(&overlay.searcher, address)?;
-                if paths.in_scope(file_id, query)? {
+                if paths.in_scope(file_id, query)? && verifier.holds(&transaction, rowid)? {
                     ranked.push(Ranked {
                         score,
                         file_id,
@@ -825,10 +896,20 @@ impl Engine {
                     Term::from_field_text(self.fields.pairs, &tokens::pair(first, second)),
                     IndexRecordOption::WithFreqs,
                 )),
-                _ => Box::new(PhraseQuery::new(
+                // Every pair of the phrase; whether they follow each other is checked
+                // in the text (`Verifier`).
+                _ => Box::new(BooleanQuery::new(
                     tokens::pairs(terms)
                         .iter()
-                        .map(|p| Term::from_field_text(self.fields.pairs, p))
+                        .map(|p| -> (Occur, Box<dyn Query>) {
+                            (
+                                Occur::Must,
+                                Box::new(TermQuery::new(
+                                    Term::from_field_text(self.fields.pairs, p),
+                                    IndexRecordOption::WithFreqs,
+                                )),
+                            )
+                        })
                         .collect(),
                 )),
             };
@@ -974,6 +1055,47 @@ impl<'c> PathCache<'c> {
         let inside = path.is_some_and(|p| scope.is_match(&p));
         self.known.insert(file_id, inside);
         Ok(inside)
+    }
+}
+
+/// Whether a chunk holds the query's phrases of three words or more, in order: the
+/// index has their pairs without positions, so a chunk with "a b" and "b c" but not
+/// "a b c" is a candidate to drop. Each chunk is read once per search.
+struct Verifier<'p> {
+    long: Vec<&'p [String]>,
+    known: HashMap<i64, bool>,
+}
+
+impl<'p> Verifier<'p> {
+    fn new(phrases: &'p [Vec<String>]) -> Self {
+        Verifier {
+            long: phrases
+                .iter()
+                .filter(|p| p.len() > 2)
+                .map(Vec::as_slice)
+                .collect(),
+            known: HashMap::new(),
+        }
+    }
+
+    fn holds(&mut self, connection: &Connection, rowid: i64) -> Result<bool> {
+        if self.long.is_empty() {
+            return Ok(true);
+        }
+        if let Some(known) = self.known.get(&rowid) {
+            return Ok(*known);
+        }
+        let body: Option<String> = connection
+            .prepare_cached("SELECT body FROM chunks WHERE rowid = ?1")?
+            .query_row(params![rowid], |row| row.get(0))
+            .optional()?;
+        let holds = body.is_some_and(|body| {
+            self.long
+                .iter()
+                .all(|phrase| tokens::contains_phrase(&body, phrase))
+        });
+        self.known.insert(rowid, holds);
+        Ok(holds)
     }
 }
 

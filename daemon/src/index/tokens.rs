@@ -96,6 +96,32 @@ pub fn pair(first: &str, second: &str) -> String {
     format!("{first} {second}")
 }
 
+/// Whether the terms of `text` hold `phrase` (a list of terms) as neighbours, in order.
+pub fn contains_phrase(text: &str, phrase: &[String]) -> bool {
+    if phrase.is_empty() {
+        return true;
+    }
+    // The last terms seen, as many as the phrase has, in a ring.
+    let mut window: Vec<String> = vec![String::new(); phrase.len()];
+    let mut seen = 0usize;
+    let mut terms = Terms::new(text);
+    while terms.advance().is_some() {
+        let slot = &mut window[seen % phrase.len()];
+        slot.clear();
+        slot.push_str(terms.term());
+        seen += 1;
+        if seen >= phrase.len()
+            && phrase
+                .iter()
+                .enumerate()
+                .all(|(i, term)| window[(seen + i) % phrase.len()] == *term)
+        {
+            return true;
+        }
+    }
+    false
+}
+
 fn is_token_char(c: char) -> bool {
     c.is_alphanumeric()
         || is_combining_mark(c)
@@ -369,6 +395,18 @@ fn porter_into(token: &str, word: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contains_phrase_wants_the_terms_in_order_and_together() {
+        let phrase = terms("big brown wombats");
+        assert!(contains_phrase("A big, brown wombat digs.", &phrase));
+        assert!(contains_phrase("big brown wombat", &phrase));
+        assert!(!contains_phrase("big brown, and a brown wombat", &phrase));
+        assert!(!contains_phrase("wombat brown big", &phrase));
+        assert!(!contains_phrase("big brown", &phrase));
+        assert!(contains_phrase("a a a b", &terms("a a b")));
+        assert!(contains_phrase("anything", &[]));
+    }
 
     #[test]
     fn terms_fold_and_stem_as_fts5_does() {
