@@ -243,6 +243,8 @@ fn cold_index(
     let (rss, peak) = procs::memory(pid)?;
     std::thread::sleep(IDLE);
     let (idle, _) = procs::memory(pid)?;
+    // Work the index does after it is ready (the merge after a bulk load) shows here.
+    let cpu_idle = procs::cpu_time(pid)?;
     let (anonymous, _) = procs::own_memory(pid)?;
     check_planted(&mut client, corpus)?;
     rows.push(
@@ -274,7 +276,11 @@ fn cold_index(
             "-",
             Figure::Bytes(idle),
         )
-        .note(format!("of which anonymous {}", mib(anonymous))),
+        .note(format!(
+            "of which anonymous {}; daemon CPU time by then {}",
+            mib(anonymous),
+            format_duration(cpu_idle)
+        )),
     );
     Ok(Cold {
         first_answer,
