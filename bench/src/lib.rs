@@ -17,3 +17,4 @@ pub mod sources;
 pub mod stats;
 pub mod sync;
 pub mod web;
+pub mod writes;

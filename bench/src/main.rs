@@ -70,6 +70,14 @@ struct Args {
     /// and after idling, for each size; prints the table and writes no report
     #[arg(long, value_name = "SECONDS")]
     soak: Option<u64>,
+    /// Only the write rows (issue 15), for each size: single creates and appends, and
+    /// the concurrent writers; prints the table and writes no report
+    #[arg(long)]
+    writes: bool,
+    /// With --writes: also run the binaries in this directory (a base build), with the
+    /// same writes round-robin, for ratios that hold on a busy machine
+    #[arg(long, requires = "writes")]
+    base_bin_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -129,6 +137,21 @@ fn run_main() -> Result<()> {
     }
     if args.tools {
         let rows = run::tools(&settings, &binaries)?;
+        print_results(&report::table(&rows), "");
+        return Ok(());
+    }
+    if args.writes {
+        let base = args
+            .base_bin_dir
+            .as_deref()
+            .map(|dir| Binaries::locate(Some(dir)))
+            .transpose()?;
+        let load = procs::load_average();
+        let rows = alexandria_bench::writes::run(&settings, &binaries, base.as_ref())?;
+        eprintln!(
+            "alexandria-bench: load average at start {load}, at end {}",
+            procs::load_average()
+        );
         print_results(&report::table(&rows), "");
         return Ok(());
     }

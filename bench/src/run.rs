@@ -319,7 +319,7 @@ pub fn hit_count(client: &mut dyn Mcp, query: &str) -> Result<usize> {
 }
 
 /// Text of a page written by the benchmark, citing a PDF page and a text source.
-fn cited_text(corpus: &Corpus, i: usize, heading: bool) -> String {
+pub(crate) fn cited_text(corpus: &Corpus, i: usize, heading: bool) -> String {
     let pdf = &corpus.pdfs[i % corpus.pdfs.len()];
     let page = i as u32 % corpus::PDF_PAGES + 1;
     let text = &corpus.texts[i % corpus.texts.len()];
@@ -492,7 +492,7 @@ fn corpus_size(
     shim.close()?;
 
     for &writers in &settings.writers {
-        let (rate, each) = concurrent_writes(settings, &home, &corpus, writers)?;
+        let (rate, each) = concurrent_writes(settings, &home, &corpus, writers, "")?;
         out.rows.push(
             Row::new(
                 &format!("committed writes/s, {writers} concurrent writers"),
@@ -756,7 +756,7 @@ fn append_to_pages(workspace: &Path, pages: &[&String], word: &str) -> Result<()
 }
 
 /// Write 4 KiB to a file and fsync it: what any durable write costs at least.
-fn fsync_floor(settings: &Settings, workspace: &Path) -> Result<Summary> {
+pub(crate) fn fsync_floor(settings: &Settings, workspace: &Path) -> Result<Summary> {
     let path = workspace.join("runs").join("fsync-floor");
     let block = vec![b'x'; 4096];
     let summary = measure(settings.tool_plan(), |_| {
@@ -781,11 +781,12 @@ fn spawn_to_initialize(home: &Home) -> Result<Duration> {
 
 /// `writers` shims creating pages at once; committed writes per second, and the
 /// latency of each write.
-fn concurrent_writes(
+pub(crate) fn concurrent_writes(
     settings: &Settings,
     home: &Home,
     corpus: &Corpus,
     writers: usize,
+    tag: &str,
 ) -> Result<(f64, Summary)> {
     let per_writer = (settings.iterations / 4).max(5);
     let mut shims = Vec::with_capacity(writers);
@@ -807,7 +808,7 @@ fn concurrent_writes(
                         shim.call_tool(
                             "write",
                             json!({"command": "create",
-                                   "path": format!("wiki/bench/w{writers}-t{t}-{j:04}.md"),
+                                   "path": format!("wiki/bench/w{writers}{tag}-t{t}-{j:04}.md"),
                                    "content": cited_text(corpus, j, true)}),
                         )?;
                         times.push(started.elapsed());
