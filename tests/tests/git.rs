@@ -551,3 +551,98 @@ async fn someone_elses_index_lock_is_waited_for_and_never_clobbered() -> anyhow:
     client.cancel().await?;
     Ok(())
 }
+
+/// What a person staged by hand (and nothing else) shows after each agent write, and git
+/// trusts the daemon's index entries without re-reading the files: `git diff-files`
+/// compares only stat data, so an entry whose recorded stat does not match its file
+/// shows there. The person's index changes go through every form git writes: a
+/// version 3 index (`add -N`), a version 4 one (left to libgit2), `git status`
+/// refreshing it, `rm --cached`, a commit (issue 15: the daemon writes git's index
+/// itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_index_changes_between_agent_writes_are_kept_and_nothing_is_staged_falsely()
+-> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    std::fs::create_dir_all(root.join("notes"))?;
+    let mut expected: BTreeSet<String> = BTreeSet::new();
+    let mut created = Vec::new();
+    for n in 0..9 {
+        match n {
+            1 => {
+                std::fs::write(root.join("notes/a.txt"), "a\n")?;
+                git(&root, &["add", "notes/a.txt"]);
+                expected.insert("A  notes/a.txt".into());
+            }
+            2 => {
+                std::fs::write(root.join("notes/later.txt"), "later\n")?;
+                git(&root, &["add", "-N", "notes/later.txt"]);
+                expected.insert(" A notes/later.txt".into());
+            }
+            3 => {
+                git(&root, &["update-index", "--index-version", "4"]);
+            }
+            5 => {
+                git(&root, &["update-index", "--index-version", "2"]);
+                std::fs::write(root.join("notes/b.txt"), "b\n")?;
+                git(&root, &["add", "notes/b.txt"]);
+                expected.insert("A  notes/b.txt".into());
+            }
+            6 => {
+                git(&root, &["rm", "-q", "--cached", "notes/b.txt"]);
+                expected.remove("A  notes/b.txt");
+                expected.insert("?? notes/b.txt".into());
+            }
+            7 => {
+                git(&root, &["commit", "-q", "-m", "my notes"]);
+                // An intent-to-add entry is not committed; it stays as it was.
+                expected.remove("A  notes/a.txt");
+            }
+            _ => {}
+        }
+        let path = format!("wiki/idx/{n}.md");
+        let result = call(
+            &client,
+            "write",
+            json!({"command": "create", "path": path, "content": format!("# Page {n}\n")}),
+        )
+        .await?;
+        anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
+        let rev = result["structuredContent"]["rev"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        created.push((path, rev));
+        let stat_dirty = git(&root, &["diff-files", "--name-only"]);
+        assert!(
+            stat_dirty.lines().all(|l| l == "notes/later.txt"),
+            "after write {n}, entries whose stat data does not match their file: {stat_dirty}"
+        );
+        assert_eq!(porcelain(&root), expected, "after write {n}");
+        for (path, rev) in &created {
+            assert_eq!(
+                head_rev(&root, path).as_deref(),
+                Some(rev.as_str()),
+                "{path}"
+            );
+        }
+    }
+    // A plain commit by hand records exactly what the person staged.
+    git(&root, &["add", "notes/later.txt"]);
+    git(&root, &["commit", "-q", "-m", "later"]);
+    let stat = git(&root, &["show", "--name-status", "--format=", "HEAD"]);
+    assert_eq!(stat.trim(), "A\tnotes/later.txt");
+    assert_eq!(
+        porcelain(&root),
+        BTreeSet::from(["?? notes/b.txt".to_string()])
+    );
+    let deleted = deletions(&root);
+    assert!(
+        deleted.trim().is_empty(),
+        "commits deleted paths:\n{deleted}"
+    );
+    git(&root, &["fsck", "--no-progress"]);
+    client.cancel().await?;
+    Ok(())
+}

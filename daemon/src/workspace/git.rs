@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use git2::{FileMode, IndexEntry, IndexTime, Oid, Repository, RepositoryState, Signature};
 
-use super::{Durable, dropped};
+use super::{Durable, dropped, gitindex};
 
 /// What a person is doing in a repository, as far as writes are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -755,6 +755,65 @@ impl<'r> Session<'r> {
         Ok(())
     }
 
+    /// The index with the entries of every path committed in this session, written to
+    /// `next` (the rest of the index untouched): by `gitindex`, or by libgit2 for what
+    /// `gitindex` leaves to it (no index, version 4, a split or sparse index). The
+    /// `gitindex::Written` to call `installed` on once `next` is renamed over `current`.
+    fn write_next_index(
+        &self,
+        current: &Path,
+        next: &Path,
+    ) -> Result<Option<gitindex::Written>, GitError> {
+        let updates: Vec<gitindex::Update<'_>> = self
+            .touched
+            .iter()
+            .map(|(path, entry)| match entry {
+                Entry::Blob { id, stat } => gitindex::Update {
+                    path,
+                    blob: Some(*id),
+                    stat: stat.as_ref(),
+                },
+                Entry::Gone => gitindex::Update {
+                    path,
+                    blob: None,
+                    stat: None,
+                },
+            })
+            .collect();
+        match gitindex::write_next(current, next, &updates).map_err(io("writing git's index"))? {
+            gitindex::Outcome::Written(written) => return Ok(Some(written)),
+            gitindex::Outcome::Unsupported(why) => {
+                tracing::debug!(why, "git's index is rewritten by libgit2");
+            }
+        }
+        let _ = fs::remove_file(next);
+        let mut index = match fs::hard_link(current, next) {
+            Ok(()) => git2::Index::open(next)?,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                // No index at all (deleted by hand): start from HEAD's tree.
+                let mut index = git2::Index::open(next)?;
+                index.read_tree(&self.repo.find_commit(self.base)?.tree()?)?;
+                index
+            }
+            Err(e) => return Err(io("reading git's index")(e)),
+        };
+        for (path, entry) in &self.touched {
+            match entry {
+                Entry::Blob { id, stat } => {
+                    index.add(&index_entry(path, *id, stat.as_ref()))?;
+                }
+                Entry::Gone => match index.remove_path(Path::new(path)) {
+                    Ok(()) => {}
+                    Err(e) if e.code() == git2::ErrorCode::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                },
+            }
+        }
+        // Written to `alexandria-index.lock`, renamed to `alexandria-index`.
+        index.write()?;
+        Ok(None)
+    }
+
     /// Write the index entries of every path committed in this session (the rest of the
     /// index untouched) and put the new index in place, then move HEAD's branch to the
     /// session's newest commit, then release the lock. Returns what the session wrote,
@@ -767,37 +826,16 @@ impl<'r> Session<'r> {
         let indexed = !self.touched.is_empty();
         if indexed {
             let next = git_dir.join(NEXT_INDEX);
-            let _ = fs::remove_file(&next);
-            let mut index = match fs::hard_link(&current, &next) {
-                Ok(()) => git2::Index::open(&next)?,
-                Err(e) if e.kind() == ErrorKind::NotFound => {
-                    // No index at all (deleted by hand): start from HEAD's tree.
-                    let mut index = git2::Index::open(&next)?;
-                    index.read_tree(&self.repo.find_commit(self.base)?.tree()?)?;
-                    index
-                }
-                Err(e) => return Err(io("reading git's index")(e)),
-            };
-            for (path, entry) in &self.touched {
-                match entry {
-                    Entry::Blob { id, stat } => {
-                        index.add(&index_entry(path, *id, stat.as_ref()))?;
-                    }
-                    Entry::Gone => match index.remove_path(Path::new(path)) {
-                        Ok(()) => {}
-                        Err(e) if e.code() == git2::ErrorCode::NotFound => {}
-                        Err(e) => return Err(e.into()),
-                    },
-                }
-            }
-            // Written to `alexandria-index.lock`, renamed to `alexandria-index`.
-            index.write()?;
+            let ours = self.write_next_index(&current, &next)?;
             if moves {
                 // Kept until the branch has moved, to be put back if it cannot.
                 let _ = fs::remove_file(&previous);
                 let _ = fs::hard_link(&current, &previous);
             }
             fs::rename(&next, &current).map_err(io("replacing git's index"))?;
+            if let Some(ours) = ours {
+                ours.installed();
+            }
             self.written.file(current.clone());
         }
         if moves {

@@ -1,0 +1,804 @@
+//! git's index (`.git/index`) rewritten by the daemon itself (issue 15): the entries of
+//! the paths a git session committed are replaced, every other byte is copied as it was.
+//!
+//! libgit2 parses the whole index into memory, verifies its SHA-1 trailer with its
+//! collision-detecting SHA-1 and computes it again when it writes: at 10k pages (an
+//! 880 KB index) that was about half of a write's CPU time. Here the file is read in
+//! one call, its entries are located without being decoded, the changed entries are
+//! spliced in, and the trailer is computed with the `sha1` crate (SHA-NI when the CPU
+//! has it). The trailer of an index the daemon wrote itself is not verified again while
+//! the file at `.git/index` is still that file (same inode, size, times and trailer);
+//! any other index (a person's `git add`, `git commit`, `git status`) is verified, as
+//! git does. Nothing is kept in memory between sessions but that identity: every
+//! session reads the index as it is on disk, so what a person staged is always seen.
+//!
+//! Handled: index versions 2 and 3, the cache tree (`TREE`: the directories of the
+//! changed paths are invalidated, as git and libgit2 do) and resolve-undo (`REUC`,
+//! kept). Other optional extensions are dropped, as libgit2 drops them (untracked
+//! cache, fsmonitor, end-of-index offsets: git rebuilds them). Anything else (no index,
+//! version 4, a split or sparse index, a trailer that does not match) is left to
+//! libgit2: `Outcome::Unsupported`.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, Metadata, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use git2::Oid;
+use sha1::{Digest, Sha1};
+
+/// The index entry a committed path gets.
+pub struct Update<'a> {
+    /// Repository-relative, `/`-separated.
+    pub path: &'a str,
+    /// The blob the entry names; None removes the path's entries (every stage).
+    pub blob: Option<Oid>,
+    /// Stat data of the file the daemon wrote (zeros without: git then re-checks the
+    /// file's content once).
+    pub stat: Option<&'a Metadata>,
+}
+
+/// What `write_next` did.
+pub enum Outcome {
+    /// The new index is complete in the next file; rename it over `.git/index`, then
+    /// call `Written::installed`.
+    Written(Written),
+    /// Left to libgit2, for this reason.
+    Unsupported(&'static str),
+}
+
+/// A new index written next to `.git/index`.
+pub struct Written {
+    file: File,
+    current: PathBuf,
+    trailer: [u8; HASH],
+}
+
+impl Written {
+    /// The new index was renamed over `current`: remember it as the daemon's own, so
+    /// the next session does not verify its trailer again.
+    pub fn installed(self) {
+        // fstat of the moved file itself: a rename changes its ctime.
+        if let Ok(metadata) = self.file.metadata() {
+            let identity = Identity::of(&metadata, self.trailer);
+            known().insert(self.current, identity);
+        }
+    }
+}
+
+const HASH: usize = 20;
+const HEADER: usize = 12;
+/// ctime, mtime (8 bytes each), dev, ino, mode, uid, gid, size (4 each), id, flags.
+const FIXED: usize = 16 + 24 + HASH + 2;
+const EXTENDED: u16 = 0x4000;
+const NAME_MASK: u16 = 0x0fff;
+
+/// The file at `.git/index`, as the daemon last wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    trailer: [u8; HASH],
+}
+
+impl Identity {
+    fn of(metadata: &Metadata, trailer: [u8; HASH]) -> Identity {
+        Identity {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+            size: metadata.size(),
+            mtime: (metadata.mtime(), metadata.mtime_nsec()),
+            ctime: (metadata.ctime(), metadata.ctime_nsec()),
+            trailer,
+        }
+    }
+}
+
+static KNOWN: Mutex<BTreeMap<PathBuf, Identity>> = Mutex::new(BTreeMap::new());
+
+fn known() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, Identity>> {
+    KNOWN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Read `current` (`.git/index`), apply `updates` and write the result to `next`
+/// (replaced if it exists). The caller holds `.git/index.lock`.
+pub fn write_next(current: &Path, next: &Path, updates: &[Update<'_>]) -> std::io::Result<Outcome> {
+    let (bytes, metadata) = match read(current) {
+        Ok(read) => read,
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            return Ok(Outcome::Unsupported("there is no index"));
+        }
+        Err(e) => return Err(e),
+    };
+    let index = match parse(&bytes) {
+        Ok(index) => index,
+        Err(why) => return Ok(Outcome::Unsupported(why)),
+    };
+    let trailer = trailer_of(&bytes);
+    let ours = known().get(current) == Some(&Identity::of(&metadata, trailer));
+    // A null trailer is git's `index.skipHash`: nothing to verify.
+    if !ours && trailer != [0; HASH] && sha1(&bytes[..bytes.len() - HASH]) != trailer {
+        return Ok(Outcome::Unsupported("the index's checksum does not match"));
+    }
+    let built = match build(&bytes, &index, updates) {
+        Ok(built) => built,
+        Err(why) => return Ok(Outcome::Unsupported(why)),
+    };
+    let trailer = trailer_of(&built);
+    match fs::remove_file(next) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o666)
+        .open(next)?;
+    file.write_all(&built)?;
+    Ok(Outcome::Written(Written {
+        file,
+        current: current.to_path_buf(),
+        trailer,
+    }))
+}
+
+fn read(path: &Path) -> std::io::Result<(Vec<u8>, Metadata)> {
+    let mut file = File::open(path)?;
+    let metadata = file.metadata()?;
+    let mut bytes = Vec::with_capacity(metadata.len() as usize + 1);
+    file.read_to_end(&mut bytes)?;
+    Ok((bytes, metadata))
+}
+
+fn sha1(bytes: &[u8]) -> [u8; HASH] {
+    Sha1::digest(bytes).into()
+}
+
+fn trailer_of(bytes: &[u8]) -> [u8; HASH] {
+    let mut trailer = [0; HASH];
+    if bytes.len() >= HASH {
+        trailer.copy_from_slice(&bytes[bytes.len() - HASH..]);
+    }
+    trailer
+}
+
+/// Where the parts of an index are.
+struct Parsed<'b> {
+    version: u32,
+    /// Each entry's bytes and path, in the index's order (path, then stage).
+    entries: Vec<(&'b [u8], &'b [u8])>,
+    tree: Option<&'b [u8]>,
+    /// Extensions kept as they are (header included).
+    kept: Vec<&'b [u8]>,
+}
+
+fn be32(bytes: &[u8], at: usize) -> Option<u32> {
+    let four = bytes.get(at..at + 4)?;
+    Some(u32::from_be_bytes([four[0], four[1], four[2], four[3]]))
+}
+
+fn parse(bytes: &[u8]) -> Result<Parsed<'_>, &'static str> {
+    const BAD: &str = "the index is malformed";
+    if bytes.len() < HEADER + HASH || &bytes[..4] != b"DIRC" {
+        return Err(BAD);
+    }
+    let version = be32(bytes, 4).ok_or(BAD)?;
+    if version == 4 {
+        return Err("index version 4 (compressed paths)");
+    }
+    if version != 2 && version != 3 {
+        return Err("an index version other than 2, 3 or 4");
+    }
+    let count = be32(bytes, 8).ok_or(BAD)? as usize;
+    let body = bytes.len() - HASH;
+    let mut entries = Vec::with_capacity(count.min(body / (FIXED + 2)));
+    let mut at = HEADER;
+    for _ in 0..count {
+        let flags_at = at + FIXED - 2;
+        let flags = bytes
+            .get(flags_at..flags_at + 2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+            .ok_or(BAD)?;
+        let extended = flags & EXTENDED != 0;
+        if extended && version < 3 {
+            return Err(BAD);
+        }
+        let start = at + FIXED + if extended { 2 } else { 0 };
+        let rest = bytes.get(start..body).ok_or(BAD)?;
+        let length = match flags & NAME_MASK {
+            NAME_MASK => rest.iter().position(|&b| b == 0).ok_or(BAD)?,
+            length => usize::from(length),
+        };
+        if rest.get(length) != Some(&0) {
+            return Err(BAD);
+        }
+        let end = at + ((start - at + length + 8) & !7);
+        if end > body {
+            return Err(BAD);
+        }
+        entries.push((&bytes[at..end], &bytes[start..start + length]));
+        at = end;
+    }
+    if entries.windows(2).any(|pair| pair[0].1 > pair[1].1) {
+        return Err("the index's entries are out of order");
+    }
+    let mut tree = None;
+    let mut kept = Vec::new();
+    while at < body {
+        let size = be32(bytes, at + 4).ok_or(BAD)? as usize;
+        let end = (at + 8)
+            .checked_add(size)
+            .filter(|&e| e <= body)
+            .ok_or(BAD)?;
+        match &bytes[at..at + 4] {
+            b"TREE" => tree = Some(&bytes[at + 8..end]),
+            b"REUC" => kept.push(&bytes[at..end]),
+            signature if signature[0].is_ascii_uppercase() => {}
+            _ => return Err("a required index extension (split or sparse index)"),
+        }
+        at = end;
+    }
+    Ok(Parsed {
+        version,
+        entries,
+        tree,
+        kept,
+    })
+}
+
+/// The new index's bytes, trailer included.
+fn build(
+    bytes: &[u8],
+    index: &Parsed<'_>,
+    updates: &[Update<'_>],
+) -> Result<Vec<u8>, &'static str> {
+    let mut updates: Vec<&Update<'_>> = updates.iter().collect();
+    updates.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+    updates.dedup_by(|later, earlier| {
+        // Keep the last update of a path.
+        if later.path == earlier.path {
+            std::mem::swap(later, earlier);
+            true
+        } else {
+            false
+        }
+    });
+    let entries = &index.entries;
+    let first_at_or_after = |path: &[u8]| entries.partition_point(|(_, p)| *p < path);
+    let mut removed = vec![false; entries.len()];
+    let mut inserted: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut invalid: Vec<&[u8]> = Vec::new();
+    for update in &updates {
+        let path = update.path.as_bytes();
+        if path.is_empty() || path.len() > 0x7fff_ffff {
+            return Err("an empty or oversized path");
+        }
+        invalid.push(path);
+        let from = first_at_or_after(path);
+        let to = entries.partition_point(|(_, p)| *p <= path);
+        removed[from..to].fill(true);
+        let Some(id) = update.blob else {
+            continue;
+        };
+        // A file replaces a file of the same name at any of its directories, and
+        // everything under a directory of its own name (as `git add` does).
+        for (i, _) in path.iter().enumerate().filter(|(_, b)| **b == b'/') {
+            let dir = &path[..i];
+            let at = first_at_or_after(dir);
+            for (j, (_, p)) in entries.iter().enumerate().skip(at) {
+                if *p != dir {
+                    break;
+                }
+                removed[j] = true;
+            }
+        }
+        let mut below = path.to_vec();
+        below.push(b'/');
+        let at = first_at_or_after(&below);
+        for (j, (_, p)) in entries.iter().enumerate().skip(at) {
+            if !p.starts_with(&below) {
+                break;
+            }
+            removed[j] = true;
+            invalid.push(p);
+        }
+        let mut entry = Vec::with_capacity(FIXED + path.len() + 8);
+        encode_entry(&mut entry, path, id, update.stat);
+        inserted.push((from, entry));
+    }
+    // Entries inserted at the same place are in path order already.
+    let mut out =
+        Vec::with_capacity(bytes.len() + inserted.iter().map(|(_, e)| e.len()).sum::<usize>());
+    out.extend_from_slice(b"DIRC");
+    out.extend_from_slice(&index.version.to_be_bytes());
+    out.extend_from_slice(&[0; 4]);
+    let mut count: u32 = 0;
+    let mut next = inserted.iter().peekable();
+    for (i, (entry, _)) in entries.iter().enumerate() {
+        while let Some((_, new)) = next.next_if(|(at, _)| *at == i) {
+            out.extend_from_slice(new);
+            count += 1;
+        }
+        if !removed[i] {
+            out.extend_from_slice(entry);
+            count += 1;
+        }
+    }
+    for (_, new) in next {
+        out.extend_from_slice(new);
+        count += 1;
+    }
+    out[8..12].copy_from_slice(&count.to_be_bytes());
+    if let Some(tree) = index.tree {
+        let mut nodes = parse_tree(tree).ok_or("the index's cache tree is malformed")?;
+        for path in invalid {
+            invalidate(&mut nodes, path);
+        }
+        let mut data = Vec::with_capacity(tree.len());
+        for node in &nodes {
+            data.extend_from_slice(node.name);
+            data.push(0);
+            data.extend_from_slice(format!("{} {}\n", node.count, node.subtrees).as_bytes());
+            if let (true, Some(id)) = (node.count >= 0, node.id) {
+                data.extend_from_slice(id);
+            }
+        }
+        out.extend_from_slice(b"TREE");
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        out.extend_from_slice(&data);
+    }
+    for extension in &index.kept {
+        out.extend_from_slice(extension);
+    }
+    let trailer = sha1(&out);
+    out.extend_from_slice(&trailer);
+    Ok(out)
+}
+
+/// An entry as git writes it (what libgit2's `Index::add` wrote for the same values).
+fn encode_entry(out: &mut Vec<u8>, path: &[u8], id: Oid, stat: Option<&Metadata>) {
+    let fields: [u32; 10] = match stat {
+        Some(m) => [
+            m.ctime() as u32,
+            m.ctime_nsec() as u32,
+            m.mtime() as u32,
+            m.mtime_nsec() as u32,
+            m.dev() as u32,
+            m.ino() as u32,
+            0o100644,
+            m.uid(),
+            m.gid(),
+            m.size() as u32,
+        ],
+        None => [0, 0, 0, 0, 0, 0, 0o100644, 0, 0, 0],
+    };
+    let start = out.len();
+    for field in fields {
+        out.extend_from_slice(&field.to_be_bytes());
+    }
+    out.extend_from_slice(id.as_bytes());
+    let flags = path.len().min(usize::from(NAME_MASK)) as u16;
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(path);
+    let padded = (FIXED + path.len() + 8) & !7;
+    out.resize(start + padded, 0);
+}
+
+/// One directory of the cache tree, in the extension's order (depth first).
+struct Node<'b> {
+    name: &'b [u8],
+    /// Entries covered; -1 once invalidated.
+    count: i64,
+    subtrees: usize,
+    id: Option<&'b [u8]>,
+}
+
+fn parse_tree(data: &[u8]) -> Option<Vec<Node<'_>>> {
+    let mut nodes = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let start = at;
+        let nul = at + data[at..].iter().position(|&b| b == 0)?;
+        let line_end = nul + 1 + data[nul + 1..].iter().position(|&b| b == b'\n')?;
+        let line = std::str::from_utf8(&data[nul + 1..line_end]).ok()?;
+        let (count, subtrees) = line.split_once(' ')?;
+        let count: i64 = count.parse().ok()?;
+        let subtrees: usize = subtrees.parse().ok()?;
+        at = line_end + 1;
+        let id = if count >= 0 {
+            let id = data.get(at..at + HASH)?;
+            at += HASH;
+            Some(id)
+        } else {
+            None
+        };
+        nodes.push(Node {
+            name: &data[start..nul],
+            count,
+            subtrees,
+            id,
+        });
+    }
+    // Every node's subtrees must be there.
+    let mut end = 0;
+    while end < nodes.len() {
+        end = extent(&nodes, end)?;
+    }
+    Some(nodes)
+}
+
+/// Index just past the subtree of the node at `i`.
+fn extent(nodes: &[Node<'_>], i: usize) -> Option<usize> {
+    let node = nodes.get(i)?;
+    let mut next = i + 1;
+    for _ in 0..node.subtrees {
+        next = extent(nodes, next)?;
+    }
+    Some(next)
+}
+
+/// Invalidate the cache tree's directories along `path` (a file's path): the root and
+/// each directory of the path that the tree has.
+fn invalidate(nodes: &mut [Node<'_>], path: &[u8]) {
+    let mut i = 0;
+    let mut rest = path;
+    loop {
+        let Some(node) = nodes.get_mut(i) else {
+            return;
+        };
+        node.count = -1;
+        node.id = None;
+        let subtrees = node.subtrees;
+        let Some(slash) = rest.iter().position(|&b| b == b'/') else {
+            return;
+        };
+        let (dir, after) = (&rest[..slash], &rest[slash + 1..]);
+        let mut child = i + 1;
+        let mut found = None;
+        for _ in 0..subtrees {
+            if nodes.get(child).map(|n| n.name) == Some(dir) {
+                found = Some(child);
+                break;
+            }
+            match extent(nodes, child) {
+                Some(next) => child = next,
+                None => return,
+            }
+        }
+        match found {
+            Some(found) => {
+                i = found;
+                rest = after;
+            }
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        git_with(dir, args, None)
+    }
+
+    /// Run git in `dir` (reading `index` instead of `.git/index` when given).
+    fn git_with(dir: &Path, args: &[&str], index: Option<&Path>) -> String {
+        let mut command = Command::new("git");
+        command
+            .current_dir(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_INDEX_FILE");
+        if let Some(index) = index {
+            command.env("GIT_INDEX_FILE", index);
+        }
+        let output = command.output().expect("git runs");
+        assert!(
+            output.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// A repository with pages in a few directories, committed by git (so its index has
+    /// a cache tree), and a file a person staged.
+    fn repo(root: &Path) -> git2::Repository {
+        git(root, &["init", "-q", "-b", "main"]);
+        for path in [
+            "wiki/a/x.md",
+            "wiki/a/y.md",
+            "wiki/b/z.md",
+            "wiki/file",
+            "old.md",
+            "raw/r.txt",
+        ] {
+            let file = root.join(path);
+            fs::create_dir_all(file.parent().expect("parent")).expect("dir");
+            fs::write(&file, format!("{path}\n")).expect("write");
+        }
+        git(root, &["add", "-A"]);
+        git(root, &["commit", "-q", "-m", "init"]);
+        fs::write(root.join("mine.txt"), "mine\n").expect("write");
+        git(root, &["add", "mine.txt"]);
+        git2::Repository::open(root).expect("open")
+    }
+
+    /// Write `path` in the work tree and return its blob and stat data.
+    fn page(repo: &git2::Repository, path: &str, text: &str) -> (Oid, Metadata) {
+        let file = repo.workdir().expect("workdir").join(path);
+        fs::create_dir_all(file.parent().expect("parent")).expect("dir");
+        fs::write(&file, text).expect("write");
+        let id = repo.blob(text.as_bytes()).expect("blob");
+        (id, fs::metadata(&file).expect("stat"))
+    }
+
+    /// What the daemon did before this module: libgit2's `Index::add` / `remove_path`.
+    fn with_libgit2(index: &Path, updates: &[Update<'_>]) {
+        let mut libgit2 = git2::Index::open(index).expect("open index");
+        for update in updates {
+            match update.blob {
+                Some(id) => {
+                    let m = update.stat.expect("stat");
+                    let time = |s: i64, ns: i64| git2::IndexTime::new(s as i32, ns as u32);
+                    libgit2
+                        .add(&git2::IndexEntry {
+                            ctime: time(m.ctime(), m.ctime_nsec()),
+                            mtime: time(m.mtime(), m.mtime_nsec()),
+                            dev: m.dev() as u32,
+                            ino: m.ino() as u32,
+                            mode: 0o100644,
+                            uid: m.uid(),
+                            gid: m.gid(),
+                            file_size: m.size() as u32,
+                            id,
+                            flags: 0,
+                            flags_extended: 0,
+                            path: update.path.as_bytes().to_vec(),
+                        })
+                        .expect("add");
+                }
+                None => libgit2.remove_path(Path::new(update.path)).expect("remove"),
+            }
+        }
+        libgit2.write().expect("write index");
+    }
+
+    fn ours(index: &Path, updates: &[Update<'_>]) {
+        let next = index.with_extension("next");
+        match write_next(index, &next, updates).expect("write_next") {
+            Outcome::Written(written) => {
+                fs::rename(&next, index).expect("rename");
+                written.installed();
+            }
+            Outcome::Unsupported(why) => panic!("unsupported: {why}"),
+        }
+    }
+
+    /// What git reads from `index`: every entry with its stat data, the status, and
+    /// the cache tree as git would use it (`write-tree` from the index).
+    fn as_git_sees_it(root: &Path, index: &Path) -> (String, String, String) {
+        (
+            git_with(root, &["ls-files", "--stage", "--debug"], Some(index)),
+            git_with(root, &["status", "--porcelain=v1", "-uno"], Some(index)),
+            git_with(root, &["write-tree"], Some(index)),
+        )
+    }
+
+    fn compare(root: &Path, updates: &[Update<'_>]) {
+        let index = root.join(".git/index");
+        let theirs = root.join(".git/index-libgit2");
+        fs::copy(&index, &theirs).expect("copy");
+        with_libgit2(&theirs, updates);
+        ours(&index, updates);
+        let expected = fs::read(&theirs).expect("read");
+        let got = fs::read(&index).expect("read");
+        assert_eq!(
+            as_git_sees_it(root, &theirs),
+            as_git_sees_it(root, &index),
+            "git reads the same index"
+        );
+        assert!(got == expected, "byte for byte what libgit2 wrote");
+        // libgit2 reads it (and verifies the checksum).
+        let reread = git2::Index::open(&index).expect("libgit2 reads it");
+        assert_eq!(
+            reread.len(),
+            git2::Index::open(&theirs).expect("open").len()
+        );
+    }
+
+    #[test]
+    fn the_index_written_is_the_one_libgit2_wrote() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        let (changed, changed_stat) = page(&repo, "wiki/a/x.md", "changed\n");
+        let (new, new_stat) = page(&repo, "wiki/c/new.md", "new\n");
+        let (last, last_stat) = page(&repo, "zzz.md", "last\n");
+        fs::remove_file(root.join("old.md")).expect("rm");
+        compare(
+            root,
+            &[
+                Update {
+                    path: "wiki/a/x.md",
+                    blob: Some(changed),
+                    stat: Some(&changed_stat),
+                },
+                Update {
+                    path: "wiki/c/new.md",
+                    blob: Some(new),
+                    stat: Some(&new_stat),
+                },
+                Update {
+                    path: "old.md",
+                    blob: None,
+                    stat: None,
+                },
+                Update {
+                    path: "never-there.md",
+                    blob: None,
+                    stat: None,
+                },
+                Update {
+                    path: "zzz.md",
+                    blob: Some(last),
+                    stat: Some(&last_stat),
+                },
+            ],
+        );
+        // A file where a directory was, and a directory where a file was: the entries
+        // in the way go, as `git add` does (libgit2 left both, an index git cannot
+        // make a tree of).
+        fs::remove_dir_all(root.join("wiki/b")).expect("rm");
+        let (file, file_stat) = page(&repo, "wiki/b", "now a file\n");
+        fs::remove_file(root.join("wiki/file")).expect("rm");
+        let (under, under_stat) = page(&repo, "wiki/file/under.md", "under\n");
+        ours(
+            &root.join(".git/index"),
+            &[
+                Update {
+                    path: "wiki/b",
+                    blob: Some(file),
+                    stat: Some(&file_stat),
+                },
+                Update {
+                    path: "wiki/file/under.md",
+                    blob: Some(under),
+                    stat: Some(&under_stat),
+                },
+            ],
+        );
+        assert_eq!(
+            git(root, &["ls-files"]),
+            "mine.txt\nraw/r.txt\nwiki/a/x.md\nwiki/a/y.md\nwiki/b\nwiki/c/new.md\nwiki/file/under.md\nzzz.md\n"
+        );
+        git(root, &["write-tree"]);
+        assert_eq!(
+            git(root, &["status", "--porcelain=v1"])
+                .lines()
+                .filter(|l| !l.starts_with("A ") && !l.starts_with("M ") && !l.starts_with("D "))
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn git_commits_what_the_index_holds_after_a_rewrite() {
+        // A cache tree left valid for a changed directory would make `git commit`
+        // record the old tree.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        git(root, &["commit", "-q", "-m", "mine"]);
+        let (changed, changed_stat) = page(&repo, "wiki/a/x.md", "changed\n");
+        let (new, new_stat) = page(&repo, "wiki/a/deep/new.md", "new\n");
+        ours(
+            &root.join(".git/index"),
+            &[
+                Update {
+                    path: "wiki/a/x.md",
+                    blob: Some(changed),
+                    stat: Some(&changed_stat),
+                },
+                Update {
+                    path: "wiki/a/deep/new.md",
+                    blob: Some(new),
+                    stat: Some(&new_stat),
+                },
+            ],
+        );
+        assert_eq!(
+            git(root, &["status", "--porcelain=v1"]),
+            "A  wiki/a/deep/new.md\nM  wiki/a/x.md\n"
+        );
+        git(root, &["commit", "-q", "-m", "by hand"]);
+        let tree = git(root, &["ls-tree", "-r", "HEAD"]);
+        assert!(tree.contains(&format!("{changed}\twiki/a/x.md")), "{tree}");
+        assert!(
+            tree.contains(&format!("{new}\twiki/a/deep/new.md")),
+            "{tree}"
+        );
+        assert_eq!(git(root, &["status", "--porcelain=v1"]), "");
+        git(root, &["fsck", "--no-progress"]);
+    }
+
+    #[test]
+    fn what_a_person_staged_between_rewrites_is_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        let index = root.join(".git/index");
+        let (one, one_stat) = page(&repo, "wiki/one.md", "one\n");
+        ours(
+            &index,
+            &[Update {
+                path: "wiki/one.md",
+                blob: Some(one),
+                stat: Some(&one_stat),
+            }],
+        );
+        // `git add -N` makes a version 3 index (an entry with extended flags).
+        fs::write(root.join("later.txt"), "later\n").expect("write");
+        git(root, &["add", "-N", "later.txt"]);
+        fs::write(root.join("wiki/a/y.md"), "edited by hand\n").expect("write");
+        git(root, &["add", "wiki/a/y.md"]);
+        let (two, two_stat) = page(&repo, "wiki/two.md", "two\n");
+        compare(
+            root,
+            &[Update {
+                path: "wiki/two.md",
+                blob: Some(two),
+                stat: Some(&two_stat),
+            }],
+        );
+        assert_eq!(
+            git(root, &["status", "--porcelain=v1"]),
+            " A later.txt\nA  mine.txt\nM  wiki/a/y.md\nA  wiki/one.md\nA  wiki/two.md\n"
+        );
+    }
+
+    #[test]
+    fn what_this_module_does_not_handle_is_left_to_libgit2() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        let index = root.join(".git/index");
+        let next = root.join(".git/next");
+        let (one, one_stat) = page(&repo, "wiki/one.md", "one\n");
+        let updates = [Update {
+            path: "wiki/one.md",
+            blob: Some(one),
+            stat: Some(&one_stat),
+        }];
+        let unsupported = |expected: &str| match write_next(&index, &next, &updates) {
+            Ok(Outcome::Unsupported(why)) => assert!(why.contains(expected), "{why}"),
+            Ok(Outcome::Written(_)) => panic!("written, expected {expected}"),
+            Err(e) => panic!("{e}"),
+        };
+        // A byte changed: the checksum does not match.
+        let good = fs::read(&index).expect("read");
+        let mut bad = good.clone();
+        bad[HEADER + 30] ^= 1;
+        fs::write(&index, &bad).expect("write");
+        unsupported("checksum");
+        fs::write(&index, &good).expect("write");
+        git(root, &["update-index", "--index-version", "4"]);
+        unsupported("version 4");
+        git(root, &["update-index", "--index-version", "2"]);
+        git(root, &["update-index", "--split-index"]);
+        unsupported("required index extension");
+        git(root, &["update-index", "--no-split-index"]);
+        fs::remove_file(&index).expect("rm");
+        unsupported("no index");
+    }
+}
