@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use alexandria_proto::{BUILD, PROTOCOL_VERSION};
@@ -103,6 +103,8 @@ pub struct Inflight {
     /// MCP connections that still have to write their closing notification.
     writers: AtomicUsize,
     writers_done: Notify,
+    /// Requests answered since start (for the memory trim: has anything happened?).
+    finished: AtomicU64,
 }
 
 const CLOSED: usize = 1 << (usize::BITS - 1);
@@ -115,6 +117,7 @@ impl Default for Inflight {
             settled: watch::channel(false).0,
             writers: AtomicUsize::new(0),
             writers_done: Notify::new(),
+            finished: AtomicU64::new(0),
         }
     }
 }
@@ -141,6 +144,11 @@ impl Inflight {
 
     pub fn count(&self) -> usize {
         self.count.load(Ordering::SeqCst) & !CLOSED
+    }
+
+    /// Requests answered since start.
+    pub fn finished(&self) -> u64 {
+        self.finished.load(Ordering::Relaxed)
     }
 
     /// Returns once no request is in flight.
@@ -205,6 +213,7 @@ pub struct InflightGuard(Arc<Inflight>);
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
+        self.0.finished.fetch_add(1, Ordering::Relaxed);
         if self.0.count.fetch_sub(1, Ordering::SeqCst) & !CLOSED == 1 {
             self.0.idle.notify_waiters();
         }

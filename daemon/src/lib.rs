@@ -19,6 +19,7 @@ pub mod faults;
 pub mod index;
 pub mod lifecycle;
 pub mod mcp;
+pub mod memory;
 pub mod sources;
 pub mod sync;
 pub mod tools;

@@ -62,6 +62,7 @@ pub struct DaemonOptions {
 
 /// Run the daemon until it is stopped. Blocks.
 pub fn run(options: DaemonOptions) -> Result<()> {
+    crate::memory::limit_arenas();
     let home = options.home.clone();
     if let Err(error) = take_pidfile(&options) {
         notify(&StartupNotice::Failed {
@@ -147,6 +148,9 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     );
     tokio::spawn(keep_index_current(Arc::clone(&context)));
     tokio::spawn(prune_call_logs(Arc::clone(&context)));
+    tokio::spawn(crate::memory::release_when_quiet(Arc::clone(
+        &context.inflight,
+    )));
     // Sources sync on their own threads: never on the runtime, never under a lock
     // while they wait on the network.
     // Before the socket serves anything: sources a rebuilt state.db lost come back.
