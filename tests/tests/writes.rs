@@ -571,7 +571,7 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
         // commit (issue 15) too.
         let mut writers = Vec::new();
         for w in 0..3 {
-            let client = env.client(Some("lab")).await?;
+            let client = client_after_kill(&env).await?;
             writers.push(tokio::spawn(async move {
                 let mut done = Vec::new();
                 for n in 0..1000 {
@@ -610,7 +610,7 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
             acknowledged.extend(writer.await?);
         }
     }
-    let client = env.client(Some("lab")).await?;
+    let client = client_after_kill(&env).await?;
     let root = env.workspace_dir("lab");
     let mut lost = 0;
     let mut report = String::new();
@@ -707,6 +707,27 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
     let _ = text_of(&history);
     client.cancel().await?;
     Ok(())
+}
+
+/// A client of `env`'s daemon, started after a kill: tried again (up to 3 times) when the
+/// shim gives up waiting for the daemon to be ready (5 s: on a loaded machine, recovery
+/// after a kill can take longer). A slow start is not what the kill loop checks, and it
+/// gets no retry from nextest (a lost write must never pass on a second try).
+async fn client_after_kill(
+    env: &Env,
+) -> anyhow::Result<rmcp::service::RunningService<rmcp::RoleClient, ()>> {
+    let mut attempt = 0;
+    loop {
+        match env.client(Some("lab")).await {
+            Ok(client) => return Ok(client),
+            Err(error) if attempt < 3 => {
+                attempt += 1;
+                eprintln!("connecting after a kill failed ({error}); trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// Run git as a person would: retry while the daemon briefly holds `.git/index.lock`.
