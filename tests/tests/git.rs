@@ -337,6 +337,114 @@ async fn hand_commits_in_a_tight_loop_never_delete_an_agent_page() -> anyhow::Re
     Ok(())
 }
 
+/// `git commit` reads git's index before it takes `.git/index.lock` and writes the copy it
+/// read back; a commit that raced a daemon write therefore leaves an index without the
+/// write's page, and the person's next commit (or one that read HEAD late enough) drops
+/// the page from HEAD. Both are set up here without a race: a commit made from a copy of
+/// the index taken before the agent's write (`GIT_INDEX_FILE`), and that copy written back
+/// as git writes it. The daemon puts the page back in HEAD (with a `restore` history entry
+/// naming the hand commit) and in the index; the page was on disk all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_commit_from_an_old_copy_of_the_index_does_not_drop_a_page() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    let create = |path: &str| json!({"command": "create", "path": path, "content": format!("# {path}\n\nagent text\n")});
+    let result = call(&client, "write", create("wiki/first.md")).await?;
+    assert!(error_code(&result).is_none(), "{result}");
+    // What a `git commit` starting now reads.
+    let old_copy = root.join(".git/old-index");
+    std::fs::copy(root.join(".git/index"), &old_copy)?;
+    let result = call(&client, "write", create("wiki/agent.md")).await?;
+    assert!(error_code(&result).is_none(), "{result}");
+    let rev = result["structuredContent"]["rev"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The person's commit, made from that copy: it drops wiki/agent.md from HEAD.
+    std::fs::write(root.join("wiki/hand.md"), "by hand\n")?;
+    for args in [
+        &["add", "wiki/hand.md"][..],
+        &["commit", "-q", "-m", "hand, from an old index"][..],
+    ] {
+        let output = Command::new("git")
+            .args(["-c", "user.name=Hand", "-c", "user.email=hand@example.com"])
+            .args(args)
+            .current_dir(&root)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_INDEX_FILE", &old_copy)
+            .output()?;
+        assert!(output.status.success(), "git {args:?}: {output:?}");
+    }
+    // git writes the copy it committed from back as git's index.
+    let write_back = |copy: &Path| -> anyhow::Result<()> {
+        let lock = root.join(".git/index.lock");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)?;
+        std::fs::copy(copy, &lock)?;
+        std::fs::rename(&lock, root.join(".git/index"))?;
+        Ok(())
+    };
+    write_back(&old_copy)?;
+    // (Not HEAD: the daemon may have put the page back on top already.)
+    let hand = git(
+        &root,
+        &["log", "--format=%h", "--grep=^hand, from an old index$"],
+    )
+    .trim()
+    .to_string();
+    assert!(!hand.is_empty());
+    let put_back = alexandria_tests::wait_until(Duration::from_secs(10), || {
+        head_rev(&root, "wiki/agent.md").as_deref() == Some(rev.as_str())
+    });
+    assert!(
+        put_back,
+        "the page the hand commit dropped is not back in HEAD:\n{}",
+        git(&root, &["log", "--format=%h %cn: %s", "-n", "5"])
+    );
+    assert!(
+        head_rev(&root, "wiki/hand.md").is_some(),
+        "the hand commit stays"
+    );
+    assert!(alexandria_tests::unrestored_deletions(&root).is_empty());
+    let history = call(&client, "history", json!({"path": "wiki/agent.md"})).await?;
+    let restore = history["structuredContent"]["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["op"] == "restore")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        restore["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains(&hand)),
+        "a restore entry names the hand commit {hand}: {history}"
+    );
+    assert!(
+        alexandria_tests::wait_until(Duration::from_secs(10), || porcelain(&root).is_empty()),
+        "{:?}",
+        porcelain(&root)
+    );
+
+    // A failed `git commit` only writes its old copy back: git's index loses the page
+    // (`D` + `??`) while HEAD has it. The daemon stages it again.
+    std::fs::copy(root.join(".git/index"), &old_copy)?;
+    let result = call(&client, "write", create("wiki/second.md")).await?;
+    assert!(error_code(&result).is_none(), "{result}");
+    write_back(&old_copy)?;
+    let staged = alexandria_tests::wait_until(Duration::from_secs(10), || {
+        git(&root, &["ls-files", "wiki/second.md"]).trim() == "wiki/second.md"
+            && porcelain(&root).is_empty()
+    });
+    assert!(staged, "not staged again: {:?}", porcelain(&root));
+    std::fs::remove_file(&old_copy)?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_workspaces_start_on_main_and_a_switched_branch_is_followed() -> anyhow::Result<()> {
     let env = lab_env(Env::new());
