@@ -699,9 +699,14 @@ async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
     );
     assert_eq!(status, "");
     git(&root, &["fsck"]);
+    let restores = git(
+        &root,
+        &["log", "--oneline", "--grep=^Alexandria-Op: restore$"],
+    );
     eprintln!(
-        "kill loop: {rounds} kills, {} acknowledged writes checked, {lost} lost",
-        acknowledged.len()
+        "kill loop: {rounds} kills, {} acknowledged writes checked, {lost} lost; pages a hand commit dropped put back by {} commit(s)",
+        acknowledged.len(),
+        restores.lines().count()
     );
     assert!(!acknowledged.is_empty());
     let _ = text_of(&history);
