@@ -36,7 +36,8 @@ pub(crate) fn check(store: &Store, workspace: &str, locked: bool) {
         Ok(true) => {}
         Ok(false) => return,
         Err(error) => {
-            tracing::warn!(workspace, %error, "cannot look for pages a hand commit dropped");
+            // A workspace being renamed or removed: looked at again next time.
+            tracing::debug!(workspace, %error, "cannot look for pages a hand commit dropped");
             return;
         }
     }
