@@ -152,22 +152,30 @@ fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> GitError {
     move |source| GitError::Io { context, source }
 }
 
-/// Where alexandria records which `index.lock` is its own (inode and ctime), so that
-/// after a crash it removes only its own lock, never a person's.
+/// Where alexandria records which `index.lock` is its own (the token its lock holds), so
+/// that after a crash it removes only its own lock, never a person's.
 const OWNER_FILE: &str = "alexandria-index-lock";
+/// The lock's content before it becomes `index.lock` (linked there, never renamed):
+/// `alexandria-index-lock.new-<pid>-<n>`.
+const LOCK_TEMP: &str = "alexandria-index-lock.new";
 /// The index being rewritten, before it is renamed over `.git/index`.
 const NEXT_INDEX: &str = "alexandria-index";
 
-fn owner_record(metadata: &Metadata) -> String {
-    let mut record = format!(
-        "{} {} {}",
-        metadata.ino(),
-        metadata.ctime(),
-        metadata.ctime_nsec()
-    );
-    record.push_str(&" ".repeat(63usize.saturating_sub(record.len())));
-    record.push('\n');
-    record
+/// A token no other lock file holds (process, time, counter), and the name of the file
+/// the lock is written under before it is linked to `index.lock` (one per attempt, so
+/// that two threads never share it).
+fn lock_token() -> (String, String) {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let pid = std::process::id();
+    (
+        format!("alexandria {pid} {now} {n}"),
+        format!("{LOCK_TEMP}-{pid}-{n}"),
+    )
 }
 
 /// `.git/index.lock`, held by alexandria; removed on drop (leaving the index as it was)
@@ -179,20 +187,60 @@ pub struct IndexLock {
 impl IndexLock {
     /// Create `.git/index.lock` exclusively, retrying for up to `timeout` while someone
     /// else holds it.
+    ///
+    /// The lock's token is recorded in `alexandria-index-lock` before the lock exists,
+    /// and the lock appears with the token in it (a file written under a name of our own,
+    /// then hard-linked to `index.lock`, which fails if it exists): whenever the daemon
+    /// dies, a lock it leaves holds the recorded token, and recovery removes it. (Before,
+    /// a kill between creating the lock and recording it left a lock recovery took for
+    /// someone else's: the workspace refused every write until a person removed it.)
     pub fn acquire(git_dir: &Path, timeout: Duration) -> Result<IndexLock, GitError> {
         let path = git_dir.join("index.lock");
+        let (token, temp) = lock_token();
+        let record = |what: &str| -> Result<(), GitError> {
+            let mut text = what.to_string();
+            text.push_str(&" ".repeat(127usize.saturating_sub(text.len())));
+            text.push('\n');
+            // Fixed size, written in place: no truncation (ext4 would flush on close).
+            let owner = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o644)
+                .open(git_dir.join(OWNER_FILE))
+                .map_err(io("recording the owner of .git/index.lock"))?;
+            rustix::io::pwrite(&owner, text.as_bytes(), 0)
+                .map_err(|e| io("recording the owner of .git/index.lock")(e.into()))?;
+            Ok(())
+        };
+        let temp = git_dir.join(temp);
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
-        let file = loop {
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(&path)
-            {
-                Ok(file) => break file,
+        let mut linked = true;
+        loop {
+            let taken = if linked {
+                record(&token)?;
+                fs::write(&temp, &token)
+                    .map_err(io("creating .git/index.lock"))
+                    .map(|()| fs::hard_link(&temp, &path))
+            } else {
+                // A file system without hard links: create it and write the token
+                // (a kill in between leaves a lock recovery does not recognise).
+                Ok(OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o644)
+                    .open(&path)
+                    .and_then(|mut file| {
+                        record(&token).map_err(|e| std::io::Error::other(e.to_string()))?;
+                        std::io::Write::write_all(&mut file, token.as_bytes())
+                    }))
+            };
+            match taken? {
+                Ok(()) => break,
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                     if started.elapsed() >= timeout {
+                        let _ = fs::remove_file(&temp);
                         return Err(GitError::Locked {
                             path,
                             waited: started.elapsed(),
@@ -201,24 +249,19 @@ impl IndexLock {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(20));
                 }
-                Err(e) => return Err(io("creating .git/index.lock")(e)),
+                Err(e) if linked && e.kind() != ErrorKind::NotFound => {
+                    linked = false;
+                }
+                Err(e) => {
+                    let _ = fs::remove_file(&temp);
+                    return Err(io("creating .git/index.lock")(e));
+                }
             }
-        };
-        let lock = IndexLock {
+        }
+        let _ = fs::remove_file(&temp);
+        Ok(IndexLock {
             git_dir: git_dir.to_path_buf(),
-        };
-        // Fixed size, written in place: no truncation (ext4 would flush on close).
-        let metadata = file.metadata().map_err(io("reading .git/index.lock"))?;
-        let owner = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(git_dir.join(OWNER_FILE))
-            .map_err(io("recording the owner of .git/index.lock"))?;
-        rustix::io::pwrite(&owner, owner_record(&metadata).as_bytes(), 0)
-            .map_err(|e| io("recording the owner of .git/index.lock")(e.into()))?;
-        Ok(lock)
+        })
     }
 }
 
@@ -228,17 +271,25 @@ impl Drop for IndexLock {
     }
 }
 
-/// After a crash: remove `.git/index.lock` if alexandria created it (a person's lock is
-/// left alone). Returns whether it did.
+/// After a crash: remove `.git/index.lock` if alexandria created it (it holds the token
+/// alexandria recorded; a person's lock is left alone). Returns whether it did.
 pub fn remove_own_stale_lock(git_dir: &Path) -> bool {
+    if let Ok(entries) = fs::read_dir(git_dir) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(LOCK_TEMP) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
     let lock = git_dir.join("index.lock");
-    let (Ok(metadata), Ok(owner)) = (
-        fs::symlink_metadata(&lock),
+    let (Ok(content), Ok(owner)) = (
+        fs::read(&lock),
         fs::read_to_string(git_dir.join(OWNER_FILE)),
     ) else {
         return false;
     };
-    if owner.trim() != owner_record(&metadata).trim() {
+    let owner = owner.trim();
+    if owner.is_empty() || content != owner.as_bytes() {
         return false;
     }
     let _ = fs::remove_file(git_dir.join(NEXT_INDEX));
