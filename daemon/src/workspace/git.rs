@@ -160,6 +160,8 @@ const OWNER_FILE: &str = "alexandria-index-lock";
 const LOCK_TEMP: &str = "alexandria-index-lock.new";
 /// The index being rewritten, before it is renamed over `.git/index`.
 const NEXT_INDEX: &str = "alexandria-index";
+/// libgit2's lock file while it writes `NEXT_INDEX`.
+const NEXT_INDEX_LOCK: &str = "alexandria-index.lock";
 
 /// A token no other lock file holds (process, time, counter), and the name of the file
 /// the lock is written under before it is linked to `index.lock` (one per attempt, so
@@ -293,6 +295,7 @@ pub fn remove_own_stale_lock(git_dir: &Path) -> bool {
         return false;
     }
     let _ = fs::remove_file(git_dir.join(NEXT_INDEX));
+    let _ = fs::remove_file(git_dir.join(NEXT_INDEX_LOCK));
     fs::remove_file(&lock).is_ok()
 }
 
@@ -838,6 +841,12 @@ impl<'r> Session<'r> {
             }
         }
         let _ = fs::remove_file(next);
+        // libgit2 writes it through `alexandria-index.lock`: one a killed daemon left
+        // would fail every later write ("the index is locked"). Only alexandria writes
+        // that file, and only under `index.lock`, which this session holds.
+        if let Some(dir) = next.parent() {
+            let _ = fs::remove_file(dir.join(NEXT_INDEX_LOCK));
+        }
         let mut index = match fs::hard_link(current, next) {
             Ok(()) => git2::Index::open(next)?,
             Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -1153,6 +1162,29 @@ mod tests {
         assert_eq!(repo.head().expect("head").target(), Some(tip));
         assert!(index_blob(&repo, "wiki/found.md").is_some());
         assert_eq!(read_pending(repo.path()), None);
+    }
+
+    #[test]
+    fn a_lock_of_the_next_index_a_kill_left_does_not_stop_commits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = repo_with_one_commit(dir.path());
+        std::fs::write(repo.path().join(NEXT_INDEX_LOCK), "left by a kill").expect("lock");
+        let me = Signature::now("t", "t@t").expect("sig");
+        let mut session = Session::begin(&repo, Duration::from_millis(10)).expect("begin");
+        session
+            .commit(
+                &[Change {
+                    path: "b.md",
+                    content: Content::Bytes(b"b"),
+                    stat: None,
+                }],
+                "b",
+                &me,
+            )
+            .expect("commit");
+        session.finish().expect("finish");
+        let head = repo.head().expect("head").peel_to_tree().expect("tree");
+        assert!(head.get_path(Path::new("b.md")).is_ok());
     }
 
     #[test]
