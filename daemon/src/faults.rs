@@ -5,9 +5,13 @@
 //!   step of a shutdown slow (the pidfile is still locked), for the stop/start tests.
 //! - `delay:swap:<ms>`: sleep before a write swaps its page in (after it planned the
 //!   write), so a test can save the page as an editor would in between.
+//! - `delay:late:<ms>`: the watcher of replaced pages (`commit/late.rs`) looks only
+//!   every `<ms>`, so a test can kill the daemon before it notices a late save.
 //! - `crash:<point>`: kill the process when execution reaches `<point>` (used by the
 //!   write path's crash-safety tests).
 //! - `panic:<tool>`: panic inside `<tool>` (the daemon must survive it).
+//! - `off:<feature>`: behave as on a system without `<feature>`: `off:exchange` swaps
+//!   pages in as on a file system without an atomic exchange (`commit/place.rs`).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -19,6 +23,7 @@ pub struct Faults {
     delays: Vec<(String, Duration)>,
     crashes: Vec<String>,
     panics: Vec<String>,
+    off: Vec<String>,
 }
 
 fn faults() -> &'static Faults {
@@ -40,6 +45,7 @@ fn parse(spec: &str) -> Faults {
             }
             ["crash", point] => faults.crashes.push(point.to_string()),
             ["panic", tool] => faults.panics.push(tool.to_string()),
+            ["off", feature] => faults.off.push(feature.to_string()),
             _ => tracing::warn!(item, "ignoring unknown fault"),
         }
     }
@@ -56,6 +62,11 @@ pub fn delay_for(tool: &str) -> Option<Duration> {
         .iter()
         .find(|(name, _)| name == tool)
         .map(|(_, delay)| *delay)
+}
+
+/// Whether a test asked to behave as if `feature` were missing (`off:<feature>`).
+pub fn is_off(feature: &str) -> bool {
+    faults().off.iter().any(|f| f == feature)
 }
 
 /// Panic here if a test asked for a panic in `tool`.
@@ -83,7 +94,8 @@ mod tests {
 
     #[test]
     fn parses_faults() {
-        let faults = parse("delay:read:250, crash:after_commit,bogus");
+        let faults = parse("delay:read:250, crash:after_commit,bogus,off:exchange");
+        assert_eq!(faults.off, vec!["exchange".to_string()]);
         assert_eq!(
             faults.delays,
             vec![("read".to_string(), Duration::from_millis(250))]

@@ -97,8 +97,10 @@ fn history_entries(result: &Value) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-async fn editor_against_agents(save: Save) -> anyhow::Result<()> {
-    let env = Env::new();
+/// `faults`: `off:exchange` swaps pages in as on a file system without an atomic
+/// exchange (network and FUSE file systems).
+async fn editor_against_agents(save: Save, faults: Option<&str>) -> anyhow::Result<()> {
+    let env = faults.map_or_else(Env::new, Env::with_faults);
     env.ok(&["init"]);
     env.ok(&["workspace", "create", "lab"]);
     let root = env.workspace_dir("lab");
@@ -272,12 +274,24 @@ async fn editor_against_agents(save: Save) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_editor_saving_by_rename_while_agents_write_loses_nothing() -> anyhow::Result<()> {
-    editor_against_agents(Save::Rename).await
+    editor_against_agents(Save::Rename, None).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_editor_saving_in_place_while_agents_write_loses_nothing() -> anyhow::Result<()> {
-    editor_against_agents(Save::InPlace).await
+    editor_against_agents(Save::InPlace, None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_atomic_exchange_an_editor_saving_by_rename_loses_nothing() -> anyhow::Result<()>
+{
+    editor_against_agents(Save::Rename, Some("off:exchange")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_atomic_exchange_an_editor_saving_in_place_loses_nothing() -> anyhow::Result<()>
+{
+    editor_against_agents(Save::InPlace, Some("off:exchange")).await
 }
 
 /// A daemon killed right after its swap replaced an editor's save (before it could
@@ -398,5 +412,101 @@ async fn a_crash_right_after_the_swap_keeps_the_editors_save() -> anyhow::Result
     git(&root, &["fsck", "--no-progress"]);
     client.cancel().await?;
     drop(crashing);
+    Ok(())
+}
+
+/// An editor that opened the page before an agent's write and saves into that file in
+/// place after the write was acknowledged: its save lands in the file the write
+/// replaced. A daemon killed before it noticed (its watcher is slowed down here) finds
+/// the save when it starts again: committed as an outside edit whose history entry
+/// names the commit that holds the agent's line, and put in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyhow::Result<()> {
+    use std::io::{Seek, Write};
+    let env = Env::with_faults("delay:late:60000");
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let root = env.workspace_dir("lab");
+    let page = root.join(PAGE);
+    let client = env.client(Some("lab")).await?;
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
+    )
+    .await?;
+    assert!(error_code(&created).is_none(), "{created}");
+
+    // The editor opens the page and reads it; the agent's write replaces the page.
+    let mut held = std::fs::OpenOptions::new().write(true).open(&page)?;
+    let editor_text = format!(
+        "{}editor save into the file it had open\n",
+        std::fs::read_to_string(&page)?
+    );
+    let appended = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": PAGE, "content": "agent line acknowledged"}),
+    )
+    .await?;
+    assert!(error_code(&appended).is_none(), "{appended}");
+    // Now the editor saves in place, into the file it holds: no longer the page.
+    held.set_len(0)?;
+    held.rewind()?;
+    held.write_all(editor_text.as_bytes())?;
+    held.sync_all()?;
+    drop(held);
+    assert!(
+        !std::fs::read_to_string(&page)?.contains("editor save"),
+        "the save went into the replaced file, not the page"
+    );
+    client.cancel().await?;
+    env.kill_daemon();
+
+    // Started again (without the slowed watcher): recovery commits the late save.
+    let restarted = Env {
+        dir: alexandria_tests::short_tempdir(),
+        home: env.home.clone(),
+        faults: None,
+        vars: Vec::new(),
+    };
+    let client = restarted.client(Some("lab")).await?;
+    let in_git = added_lines(&root, PAGE);
+    assert!(
+        in_git.contains("editor save into the file it had open"),
+        "the editor's late save is not in git"
+    );
+    assert!(in_git.contains("agent line acknowledged"));
+    let final_text = std::fs::read_to_string(&page)?;
+    assert!(
+        final_text.contains("editor save into the file it had open"),
+        "the late save is not on the page: {final_text}"
+    );
+    let history = call(
+        &client,
+        "history",
+        json!({"path": PAGE, "limit": 50, "op": "outside_edit"}),
+    )
+    .await?;
+    let explained = history_entries(&history).iter().any(|entry| {
+        entry["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("after that write"))
+            && entry["previous_commit"].as_str().is_some_and(|previous| {
+                git(&root, &["show", &format!("{previous}:{PAGE}")])
+                    .contains("agent line acknowledged")
+            })
+    });
+    assert!(
+        explained,
+        "no outside edit in history explains the agent line's removal: {history}"
+    );
+    assert_eq!(
+        std::fs::read_dir(root.join("runs"))?.count(),
+        0,
+        "runs left after recovery"
+    );
+    git(&root, &["fsck", "--no-progress"]);
+    client.cancel().await?;
     Ok(())
 }

@@ -329,9 +329,11 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
     };
     drop(index_guard);
     crash_point("after_index");
-    for member in &members {
+    for member in &mut members {
         if member.done.is_ok() {
-            let _ = fs::remove_dir_all(run_dir(store, workspace, &member.manifest.run_id));
+            // Kept while the files its swaps replaced are watched (`late.rs`).
+            let dir = run_dir(store, workspace, &member.manifest.run_id);
+            late::finish_run(&dir, &mut member.watch);
             store.changed(workspace, &member.manifest.path);
             page_written(&mut durable, &root, &member.manifest);
         }
@@ -439,15 +441,12 @@ fn roll_back_group(store: &Store, root: &Path, start: Option<git2::Oid>, members
             let head = session.tip()?.tree()?;
             for member in members {
                 let path = &member.manifest.path;
-                let target = root.join(path);
                 match head.get_path(Path::new(path)) {
                     Ok(entry) => {
                         let blob = repo.find_blob(entry.id())?;
-                        let _ = write_durably(&target, blob.content());
+                        put_back_before(root, &member.manifest, Some(blob.content()));
                     }
-                    Err(_) => {
-                        let _ = fs::remove_file(&target);
-                    }
+                    Err(_) => put_back_before(root, &member.manifest, None),
                 }
                 session.stage_head_version(path)?;
             }

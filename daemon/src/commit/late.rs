@@ -10,6 +10,11 @@
 //! the page changed since: a newer version is never overwritten; the late save is then
 //! committed and the page's current version committed again on top, so that HEAD
 //! matches the page and history names both.
+//!
+//! While its replaced files are watched, a run's directory is kept as
+//! `runs/.late-<run_id>` (it holds them under their `swap-…` names and the run's
+//! manifest): if the daemon dies within the grace period, recovery (`recover`) commits
+//! a save that landed in one of them after the write, as the watcher would have.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +36,148 @@ pub struct Watch {
     placed: Option<String>,
     replaced: place::Replaced,
     until: Instant,
+    /// The run's directory, kept while its replaced files are watched.
+    kept: Option<Arc<KeptDir>>,
+}
+
+/// Name prefix of a run's directory kept while its replaced files are watched.
+pub(crate) const KEPT_PREFIX: &str = ".late-";
+
+/// A run's directory kept for the watch (`runs/.late-<run_id>`); removed when the last
+/// watch of the run ends.
+pub(crate) struct KeptDir(PathBuf);
+
+impl Drop for KeptDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A committed run's directory is done with: removed, or, while the files its swaps
+/// replaced are watched (`watches`), kept as `runs/.late-<run_id>` for recovery. A run
+/// directory without a manifest (a late commit's) gets the watched run's.
+pub(super) fn finish_run(dir: &Path, watches: &mut [Watch]) {
+    let Some(first) = watches.first() else {
+        let _ = fs::remove_dir_all(dir);
+        return;
+    };
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let kept = dir.with_file_name(format!("{KEPT_PREFIX}{name}"));
+    if load_manifest(dir).is_none() {
+        let mut manifest = first.manifest.clone();
+        manifest.state = RunState::Prepared;
+        let _ = save_manifest(dir, &manifest);
+    }
+    match fs::rename(dir, &kept) {
+        Ok(()) => {
+            let kept = Arc::new(KeptDir(kept));
+            for watch in watches {
+                watch.kept = Some(Arc::clone(&kept));
+            }
+        }
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot keep a run's directory for the watch of its replaced files");
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Recovery: commit the saves that landed, after their write, in the files that runs
+/// of a daemon that died had replaced (kept in `runs/.late-<run_id>`), then remove
+/// those directories. Runs before serving, after the interrupted runs are completed.
+pub(crate) fn recover(store: &Store, workspace: &str, report: &mut Vec<String>) {
+    let runs = store.workspace_dir(workspace).join("runs");
+    let Ok(entries) = fs::read_dir(&runs) else {
+        return;
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(KEPT_PREFIX))
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    for dir in dirs {
+        match recover_dir(store, workspace, &dir) {
+            Ok(0) => {}
+            Ok(n) => report.push(format!(
+                "{workspace}: committed {n} save(s) found in files replaced by {}",
+                dir.display()
+            )),
+            Err(error) => {
+                tracing::error!(workspace, dir = %dir.display(), %error, "cannot commit the saves found in a run's replaced files");
+                report.push(format!(
+                    "{workspace}: cannot commit what {} holds: {error}",
+                    dir.display()
+                ));
+                continue;
+            }
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
+
+/// One kept directory: every replaced file whose text git does not have (and that is
+/// not a text the run itself put in place) was saved into after the write.
+fn recover_dir(store: &Store, workspace: &str, dir: &Path) -> ToolResult<usize> {
+    let Some(manifest) = load_manifest(dir) else {
+        return Ok(0);
+    };
+    let kept = kept_versions(dir);
+    let ours: std::collections::HashSet<&str> = kept
+        .iter()
+        .filter(|k| !k.back)
+        .map(|k| k.placed.as_str())
+        .chain(manifest.new_rev.as_deref())
+        .collect();
+    let root = store.workspace_dir(workspace);
+    let state = store.state(workspace);
+    // What the run's commit put there: a late save goes in place only over that.
+    let commit: Option<String> = {
+        let connection = store.pool.get()?;
+        connection
+            .query_row(
+                "SELECT commit_id FROM runs WHERE workspace = ?1 AND run_id = ?2",
+                rusqlite::params![workspace, manifest.run_id],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten()
+    };
+    let (late, placed) = state.with_repo(&root, |repo| -> ToolResult<_> {
+        let known = |bytes: &[u8]| {
+            git2::Oid::from_str(&revision(bytes))
+                .ok()
+                .is_some_and(|oid| repo.find_blob(oid).is_ok())
+        };
+        let late: Vec<Vec<u8>> = kept
+            .iter()
+            .filter(|k| k.swapped() && !ours.contains(revision(&k.bytes).as_str()))
+            .filter(|k| !known(&k.bytes))
+            .map(|k| k.bytes.clone())
+            .collect();
+        let placed = commit
+            .as_deref()
+            .and_then(|c| git2::Oid::from_str(c).ok())
+            .and_then(|oid| repo.find_commit(oid).ok())
+            .and_then(|c| c.tree().ok())
+            .and_then(|t| t.get_path(Path::new(&manifest.path)).ok())
+            .map(|e| e.id().to_string());
+        Ok((late, placed))
+    })?;
+    let mut placed = placed;
+    for bytes in &late {
+        tracing::warn!(workspace, path = %manifest.path, run = %manifest.run_id, "recovery found a save made into a file a write replaced, after the write; committing it");
+        // Nobody watches during recovery: the files its swaps replace now are not kept.
+        let (now_in_place, _) =
+            commit_late(store, &manifest, placed.as_deref(), bytes, Instant::now())?;
+        if now_in_place.is_some() {
+            placed = now_in_place;
+        }
+    }
+    Ok(late.len())
 }
 
 impl Watch {
@@ -44,6 +191,7 @@ impl Watch {
             placed,
             replaced,
             until: Instant::now() + GRACE,
+            kept: None,
         }
     }
 }
@@ -51,15 +199,18 @@ impl Watch {
 static STARTED: AtomicBool = AtomicBool::new(false);
 static WATCHED: LazyLock<(Mutex<VecDeque<Watch>>, Condvar)> = LazyLock::new(Default::default);
 
-/// Watch a replaced file for the grace period (if the watcher runs).
+/// Watch a replaced file for the grace period (if the watcher runs). Past
+/// `MAX_WATCHED` files, the oldest ones' periods end now (each gets its last look).
 pub(super) fn watch(watch: Watch) {
     if !STARTED.load(Ordering::Acquire) {
         return;
     }
     let (queue, wake) = &*WATCHED;
     let mut queue = queue.lock().unwrap_or_else(|p| p.into_inner());
-    while queue.len() >= MAX_WATCHED {
-        queue.pop_front();
+    let over = (queue.len() + 1).saturating_sub(MAX_WATCHED);
+    let now = Instant::now();
+    for oldest in queue.iter_mut().take(over) {
+        oldest.until = oldest.until.min(now);
     }
     queue.push_back(watch);
     wake.notify_one();
@@ -86,7 +237,7 @@ fn run(store: &Store) {
                 watched = wake.wait(watched).unwrap_or_else(|p| p.into_inner());
             }
         }
-        std::thread::sleep(POLL);
+        std::thread::sleep(crate::faults::delay_for("late").unwrap_or(POLL));
         let due: Vec<Watch> = {
             let mut watched = queue.lock().unwrap_or_else(|p| p.into_inner());
             let now = Instant::now();
@@ -118,19 +269,20 @@ fn run(store: &Store) {
             let Some(bytes) = watch.replaced.bytes.clone() else {
                 continue;
             };
-            match commit_late(store, &watch.manifest, watch.placed.as_deref(), &bytes) {
+            match commit_late(
+                store,
+                &watch.manifest,
+                watch.placed.as_deref(),
+                &bytes,
+                watch.until,
+            ) {
                 Ok((placed, replaced)) => {
                     if let Some(placed) = placed {
                         watch.placed = Some(placed);
                     }
                     // What putting the save in place replaced may be open in an editor too.
-                    for file in replaced.into_iter().filter(place::Replaced::is_open) {
-                        watch_again(Watch {
-                            manifest: watch.manifest.clone(),
-                            placed: watch.placed.clone(),
-                            replaced: file,
-                            until: watch.until,
-                        });
+                    for file in replaced {
+                        watch_again(file);
                     }
                 }
                 Err(error) => {
@@ -153,9 +305,9 @@ fn watch_again(watch: Watch) {
         .push_back(watch);
 }
 
-/// What `commit_late` did: the rev it put in place (if it did) and the files its swaps
-/// replaced.
-type LateDone = (Option<String>, Vec<place::Replaced>);
+/// What `commit_late` did: the rev it put in place (if it did) and the watches of the
+/// files its swaps replaced (watched until `until`).
+type LateDone = (Option<String>, Vec<Watch>);
 
 /// Commit `bytes`, saved into the file the run replaced, as an outside edit, and put
 /// it in place if the page is still what the run put there (`placed`).
@@ -164,6 +316,7 @@ fn commit_late(
     manifest: &Manifest,
     placed: Option<&str>,
     bytes: &[u8],
+    until: Instant,
 ) -> ToolResult<LateDone> {
     let workspace = &manifest.workspace;
     let state = store.state(workspace);
@@ -229,8 +382,25 @@ fn commit_late(
         let outside = super::follow(outside, &finished);
         Ok((outside, finished.durable, now_in_place, replaced))
     });
-    let _ = fs::remove_dir_all(&dir);
-    let (outside, _durable, now_in_place, replaced) = result?;
+    let (outside, _durable, now_in_place, replaced) = match result {
+        Ok(done) => done,
+        Err(error) => {
+            let _ = fs::remove_dir_all(&dir);
+            return Err(error);
+        }
+    };
+    let mut watches: Vec<Watch> = replaced
+        .into_iter()
+        .filter(place::Replaced::is_open)
+        .map(|file| Watch {
+            manifest: manifest.clone(),
+            placed: now_in_place.clone().or_else(|| placed.map(str::to_string)),
+            replaced: file,
+            until,
+            kept: None,
+        })
+        .collect();
+    finish_run(&dir, &mut watches);
     let mut connection = store.pool.get()?;
     let transaction = connection.transaction()?;
     record(&transaction, &root, manifest, None, &outside, now_ms())?;
@@ -245,5 +415,5 @@ fn commit_late(
     tracing::info!(path = %manifest.path, run = %manifest.run_id, put_in_place = now_in_place.is_some(), "committed a save found in the file a write replaced");
     store.changed(workspace, &manifest.path);
     flush_to_disk(store, workspace)?;
-    Ok((now_in_place, replaced))
+    Ok((now_in_place, watches))
 }

@@ -1395,7 +1395,6 @@ fn undo(
     manifest: &Manifest,
 ) -> Result<(), git::GitError> {
     let repo = session.repo();
-    let target = root.join(&manifest.path);
     let mut head = session.tip()?;
     if head
         .message()
@@ -1408,11 +1407,50 @@ fn undo(
     match head.tree()?.get_path(Path::new(&manifest.path)) {
         Ok(entry) => {
             let blob = repo.find_blob(entry.id())?;
-            let _ = write_durably(&target, blob.content());
+            put_back_before(root, manifest, Some(blob.content()));
         }
-        Err(_) => {
-            let _ = fs::remove_file(&target);
-        }
+        Err(_) => put_back_before(root, manifest, None),
     }
     session.stage_head_version(&manifest.path)
+}
+
+/// Make the page `before` again (None: no page) in place of a text the run put there.
+/// What is there is swapped out and looked at: a version the run did not put there (an
+/// editor's save since) is newer than `before` and goes back in place, to be committed
+/// as an outside edit like any other.
+fn put_back_before(root: &Path, manifest: &Manifest, before: Option<&[u8]>) {
+    let target = root.join(&manifest.path);
+    let dir = root.join("runs").join(&manifest.run_id);
+    let ours = |rev: &str| {
+        manifest.new_rev.as_deref() == Some(rev)
+            || kept_versions(&dir)
+                .iter()
+                .any(|k| !k.back && k.placed == rev)
+    };
+    let keep = dir.join(format!("undo-{}", uuid::Uuid::new_v4().simple()));
+    let result = match before {
+        Some(bytes) => place::swap_in(&target, bytes, &keep).and_then(|swapped| {
+            let found = rev_of(swapped.replaced.bytes.as_deref());
+            if found
+                .as_deref()
+                .is_some_and(|rev| !ours(rev) && rev != revision(bytes))
+            {
+                place::swap_back(&keep, &target)?;
+            }
+            Ok(())
+        }),
+        None => place::take_away(&target, &keep).and_then(|taken| {
+            if taken
+                .as_deref()
+                .is_some_and(|bytes| !ours(&revision(bytes)))
+            {
+                place::restore(&keep, &target)?;
+            }
+            Ok(())
+        }),
+    };
+    if let Err(error) = result {
+        tracing::error!(path = %manifest.path, run = %manifest.run_id, %error, "cannot put the page back as it was before the run");
+    }
+    let _ = fs::remove_file(&keep);
 }

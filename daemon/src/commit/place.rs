@@ -5,7 +5,8 @@
 //! replaced: on Linux `renameat2(RENAME_EXCHANGE)` hands the previous file back under
 //! the name the new one had, in the run's directory (`runs/<id>/swap-…`), where it stays
 //! until the commit that records it is done, so a crash cannot lose it (recovery commits
-//! it); elsewhere the page is read just before an ordinary rename. The replaced file
+//! it); macOS has the same (`RENAME_SWAP`); on a file system without either, the page is
+//! moved aside and the new file linked in (`without_exchange`). The replaced file
 //! stays open, so that a save that lands in it after it was read (an editor writing in
 //! place into the file it opened earlier) is noticed too, also after the write
 //! (`commit/late.rs`).
@@ -134,10 +135,10 @@ impl Replaced {
 /// The new file is written at `keep` (in the run's directory, on the page's file
 /// system) and exchanged with the page, so from that instant `keep` names the replaced
 /// file: if the daemon dies before the version is committed, recovery finds it there
-/// (`commit/recover.rs` walks `runs/`). Where `keep` cannot be exchanged with the page
-/// (another file system, no `RENAME_EXCHANGE`), the page is swapped from a temporary
-/// file beside it and the replaced bytes are written to `keep` right after (a crash in
-/// that instant loses them: the remaining window there).
+/// (`commit/recover.rs` walks `runs/`). Where `keep` is on another file system than the
+/// page, the page is swapped from a temporary file beside it and the replaced bytes are
+/// written to `keep` right after (a crash in that instant loses them: the remaining
+/// window there).
 /// Durability comes from the flush before a write is acknowledged (`Durable`).
 pub fn swap_in(target: &Path, bytes: &[u8], keep: &Path) -> std::io::Result<Swapped> {
     if let Some(dir) = target.parent() {
@@ -194,80 +195,124 @@ pub fn swap_in(target: &Path, bytes: &[u8], keep: &Path) -> std::io::Result<Swap
     Ok(Swapped { stat, replaced })
 }
 
-#[cfg(target_os = "linux")]
-/// Returns what was replaced and whether `temp` names it now.
+/// Whether a rename failed because the file system (or the OS) cannot do that kind of
+/// rename at all.
+fn unsupported(error: rustix::io::Errno) -> bool {
+    use rustix::io::Errno;
+    [Errno::INVAL, Errno::NOSYS, Errno::OPNOTSUPP, Errno::NOTSUP].contains(&error)
+}
+
+/// A replaced file now named `path`, opened and read.
+fn open_replaced(path: &Path) -> std::io::Result<Replaced> {
+    let mut file = File::open(path)?;
+    let seen = stamp(&file.metadata()?);
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(Replaced {
+        bytes: Some(bytes),
+        file: Some(file),
+        seen: Some(seen),
+    })
+}
+
+fn nothing_replaced() -> Replaced {
+    Replaced {
+        bytes: None,
+        file: None,
+        seen: None,
+    }
+}
+
+/// Put `temp` in place of `target` in one atomic step: `renameat2(RENAME_EXCHANGE)` on
+/// Linux, `renameatx_np(RENAME_SWAP)` on macOS. Returns what was replaced and whether
+/// `temp` names it now.
+#[cfg(any(target_os = "linux", target_vendor = "apple"))]
 fn exchange(temp: &Path, target: &Path) -> std::io::Result<(Replaced, bool)> {
     use rustix::fs::{CWD, RenameFlags, renameat_with};
     use rustix::io::Errno;
+    if crate::faults::is_off("exchange") {
+        return without_exchange(temp, target);
+    }
     loop {
         match renameat_with(CWD, temp, CWD, target, RenameFlags::EXCHANGE) {
-            Ok(()) => {
-                // `temp` now names the replaced file.
-                let mut file = File::open(temp)?;
-                let seen = stamp(&file.metadata()?);
-                let mut bytes = Vec::new();
-                file.read_to_end(&mut bytes)?;
-                return Ok((
-                    Replaced {
-                        bytes: Some(bytes),
-                        file: Some(file),
-                        seen: Some(seen),
-                    },
-                    true,
-                ));
-            }
+            // `temp` now names the replaced file.
+            Ok(()) => return Ok((open_replaced(temp)?, true)),
             Err(Errno::NOENT) => {
                 match renameat_with(CWD, temp, CWD, target, RenameFlags::NOREPLACE) {
-                    Ok(()) => {
-                        let nothing = Replaced {
-                            bytes: None,
-                            file: None,
-                            seen: None,
-                        };
-                        return Ok((nothing, true));
-                    }
+                    Ok(()) => return Ok((nothing_replaced(), true)),
                     // Created meanwhile: exchange with it.
                     Err(Errno::EXIST) => continue,
+                    Err(e) if unsupported(e) => return without_exchange(temp, target),
                     Err(e) => return Err(e.into()),
                 }
             }
-            // A file system without RENAME_EXCHANGE.
-            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                return Ok((compare_and_rename(temp, target)?, false));
-            }
+            Err(e) if unsupported(e) => return without_exchange(temp, target),
             Err(e) => return Err(e.into()),
         }
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_vendor = "apple")))]
 fn exchange(temp: &Path, target: &Path) -> std::io::Result<(Replaced, bool)> {
-    Ok((compare_and_rename(temp, target)?, false))
+    without_exchange(temp, target)
 }
 
-/// Without an atomic exchange: read the page (and keep it open) right before an
-/// ordinary rename over it. A save in the instant between is the remaining window.
-fn compare_and_rename(temp: &Path, target: &Path) -> std::io::Result<Replaced> {
-    let replaced = match File::open(target) {
-        Ok(mut file) => {
-            let seen = stamp(&file.metadata()?);
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes)?;
-            Replaced {
-                bytes: Some(bytes),
-                file: Some(file),
-                seen: Some(seen),
+/// Without an atomic exchange (a network or FUSE file system): move the page aside
+/// first (a rename takes whatever is there at that instant, an editor's newest save
+/// included), then link the new file in under the page's name, which fails if a file
+/// appeared there meanwhile: that newer save is moved aside in turn (it supersedes the
+/// one before, as the editor's own save did). No version is lost; the page is missing
+/// for that instant. `temp` names the replaced file afterwards. Where hard links are
+/// not supported either, the new file is renamed in after the page was moved aside (a
+/// save in that instant is the remaining window).
+fn without_exchange(temp: &Path, target: &Path) -> std::io::Result<(Replaced, bool)> {
+    let name = temp
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let aside = temp.with_file_name(format!(".old-{name}"));
+    let mut moved = false;
+    loop {
+        match fs::rename(target, &aside) {
+            Ok(()) => moved = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        match fs::hard_link(temp, target) {
+            Ok(()) => {
+                fs::remove_file(temp)?;
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) if rustix::io::Errno::from_io_error(&e).is_some_and(unsupported_link) => {
+                fs::rename(temp, target)?;
+                break;
+            }
+            Err(e) => {
+                if moved {
+                    let _ = restore(&aside, target);
+                }
+                return Err(e);
             }
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Replaced {
-            bytes: None,
-            file: None,
-            seen: None,
-        },
-        Err(e) => return Err(e),
-    };
-    fs::rename(temp, target)?;
-    Ok(replaced)
+    }
+    if !moved {
+        return Ok((nothing_replaced(), true));
+    }
+    fs::rename(&aside, temp)?;
+    Ok((open_replaced(temp)?, true))
+}
+
+/// Whether `link` failed because the file system has no hard links.
+fn unsupported_link(error: rustix::io::Errno) -> bool {
+    use rustix::io::Errno;
+    unsupported(error) || error == Errno::PERM || error == Errno::MLINK
+}
+
+/// Undo a `swap_in` whose `keep` still names what it replaced: that file goes back in
+/// place (and `keep` names what the swap had put there).
+pub fn swap_back(keep: &Path, target: &Path) -> std::io::Result<()> {
+    exchange(keep, target).map(drop)
 }
 
 /// Move `target` away to `keep` (in the run's directory, so that what it held is
@@ -298,15 +343,25 @@ pub fn take_away(target: &Path, keep: &Path) -> std::io::Result<Option<Vec<u8>>>
 /// Move `from` back to `target` unless a file is there again (a newer save, which
 /// wins; `from` then stays where it is). Returns whether it moved.
 pub fn restore(from: &Path, target: &Path) -> std::io::Result<bool> {
-    #[cfg(target_os = "linux")]
-    {
+    #[cfg(any(target_os = "linux", target_vendor = "apple"))]
+    if !crate::faults::is_off("exchange") {
         use rustix::fs::{CWD, RenameFlags, renameat_with};
         match renameat_with(CWD, from, CWD, target, RenameFlags::NOREPLACE) {
             Ok(()) => return Ok(true),
             Err(rustix::io::Errno::EXIST) => return Ok(false),
-            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) => {}
+            Err(e) if unsupported(e) => {}
             Err(e) => return Err(e.into()),
         }
+    }
+    // A hard link never replaces a file; where there are none, look just before.
+    match fs::hard_link(from, target) {
+        Ok(()) => {
+            fs::remove_file(from)?;
+            return Ok(true);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) if rustix::io::Errno::from_io_error(&e).is_some_and(unsupported_link) => {}
+        Err(e) => return Err(e),
     }
     if target.symlink_metadata().is_ok() {
         return Ok(false);
@@ -347,5 +402,44 @@ mod tests {
         assert_eq!(taken.as_deref(), Some(&b"two"[..]));
         assert!(!page.exists());
         assert_eq!(fs::read(run.join("back-2")).expect("kept"), b"two");
+    }
+
+    #[test]
+    fn without_an_exchange_nothing_is_replaced_unseen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let page = dir.path().join("p.md");
+        let new = dir.path().join("swap-0");
+        fs::write(&new, b"one").expect("write");
+        let (nothing, named) = without_exchange(&new, &page).expect("create");
+        assert!(nothing.bytes.is_none() && named);
+        assert_eq!(fs::read(&page).expect("read"), b"one");
+        assert!(!new.exists());
+        fs::write(&new, b"two").expect("write");
+        let (mut replaced, named) = without_exchange(&new, &page).expect("replace");
+        assert!(named);
+        assert_eq!(replaced.bytes.as_deref(), Some(&b"one"[..]));
+        assert_eq!(fs::read(&page).expect("read"), b"two");
+        assert_eq!(
+            fs::read(&new).expect("kept"),
+            b"one",
+            "the replaced file is named"
+        );
+        // A save in place into the replaced file after the swap is seen through it.
+        fs::write(&new, b"one, saved late").expect("late save");
+        assert!(replaced.reread().expect("reread"));
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "no file left aside: {names:?}");
+        // `restore` never replaces a file that is there.
+        let back = dir.path().join("back");
+        fs::write(&back, b"back").expect("write");
+        assert!(!restore(&back, &page).expect("restore"));
+        assert_eq!(fs::read(&page).expect("read"), b"two");
+        fs::remove_file(&page).expect("remove");
+        assert!(restore(&back, &page).expect("restore"));
+        assert_eq!(fs::read(&page).expect("read"), b"back");
     }
 }

@@ -83,6 +83,10 @@ pub fn recover(store: &Arc<Store>) -> Vec<String> {
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.is_dir())
+            .filter(|p| {
+                !p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(late::KEPT_PREFIX))
+            })
             .collect();
         dirs.sort();
         for dir in dirs {
@@ -112,6 +116,8 @@ pub fn recover(store: &Arc<Store>) -> Vec<String> {
                 }
             }
         }
+        // Saves that landed in the files runs had replaced, after their writes.
+        late::recover(store, &workspace, &mut report);
     }
     report
 }
