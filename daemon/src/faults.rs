@@ -5,6 +5,9 @@
 //!   step of a shutdown slow (the pidfile is still locked), for the stop/start tests.
 //! - `delay:swap:<ms>`: sleep before a write swaps its page in (after it planned the
 //!   write), so a test can save the page as an editor would in between.
+//! - `delay:capture:<ms>`, `delay:capture_commit:<ms>`: sleep after a source capture
+//!   chose its file names (before moving the files in), or after it moved them (before
+//!   its commit), so a test can put or edit a file there in between.
 //! - `delay:late:<ms>`: the watcher of replaced pages (`commit/late.rs`) looks only
 //!   every `<ms>`, so a test can kill the daemon before it notices a late save.
 //! - `crash:<point>`: kill the process when execution reaches `<point>` (used by the

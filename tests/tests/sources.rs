@@ -1028,3 +1028,87 @@ fn syncing_a_source_shows_its_items_being_captured() {
     );
     assert!(stdout.contains("captured 30"), "{stdout}");
 }
+
+/// Captures follow the write path's rules (issue 20): a file someone puts under the name
+/// a capture chose, while the capture runs, is never replaced (the capture is undone and
+/// lands under the next free name on the next sync); and what git records for a captured
+/// file is the bytes the source gave, even when someone edits the file the instant it
+/// appears in raw/, before the capture's commit.
+#[test]
+fn a_capture_never_replaces_a_file_that_appears_meanwhile_and_commits_what_it_fetched() {
+    let env = Env::with_faults("delay:capture:1500,delay:capture_commit:1500");
+    let folder = env.dir.path().join("drop");
+    std::fs::create_dir_all(&folder).expect("folder");
+    std::fs::write(folder.join("note.md"), "# Note\n\nokapi from the source\n").expect("write");
+    std::thread::sleep(Duration::from_millis(1100));
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let ws = env.workspace_dir("lab");
+    let prepared = || {
+        std::fs::read_dir(ws.join("runs")).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.path().join("capture-prepared.json").exists())
+        })
+    };
+    env.ok(&[
+        "source",
+        "add",
+        "lab",
+        "folder",
+        folder.to_str().expect("utf8"),
+        "--name",
+        "drop",
+    ]);
+    // The background sync chose raw/sources/drop/note.md; a person puts a file there.
+    assert!(wait_until(Duration::from_secs(20), prepared), "no capture");
+    let theirs = ws.join("raw/sources/drop/note.md");
+    std::fs::create_dir_all(theirs.parent().expect("parent")).expect("dir");
+    std::fs::write(&theirs, "a person's own note\n").expect("write");
+    assert!(wait_until(Duration::from_secs(20), || !prepared()));
+    assert_eq!(
+        std::fs::read_to_string(&theirs).expect("theirs"),
+        "a person's own note\n",
+        "the capture replaced a file that appeared while it ran"
+    );
+
+    // The next sync takes the next free name; its file is edited the instant it is moved
+    // in, before the capture's commit.
+    let sync = {
+        let mut command = env.command();
+        command.args(["source", "sync", "lab", "drop"]);
+        std::thread::spawn(move || command.output().expect("sync"))
+    };
+    let ours = ws.join("raw/sources/drop/note-2.md");
+    assert!(
+        wait_until(Duration::from_secs(20), || ours.exists()),
+        "not captured"
+    );
+    std::fs::write(&ours, "edited before the commit\n").expect("edit");
+    let output = sync.join().expect("sync thread");
+    assert!(output.status.success(), "{output:?}");
+    let log = git(
+        &ws,
+        &[
+            "log",
+            "--format=%H",
+            "--grep=tool: source capture",
+            "--",
+            "raw/sources/drop/note-2.md",
+        ],
+    );
+    let capture = log.lines().last().expect("a capture commit");
+    assert_eq!(
+        git(
+            &ws,
+            &["show", &format!("{capture}:raw/sources/drop/note-2.md")]
+        ),
+        "# Note\n\nokapi from the source\n",
+        "git must hold what the source gave"
+    );
+    assert_eq!(
+        items(&env, "lab", Some("captured")).len(),
+        1,
+        "captured once"
+    );
+}

@@ -158,6 +158,9 @@ pub fn capture(
     manifest.state = RunState::Prepared;
     save(&dir, &manifest)?;
     crash_point("capture_prepared");
+    if let Some(delay) = crate::faults::delay_for("capture") {
+        std::thread::sleep(delay);
+    }
     let result = complete_or_roll_back(store, &manifest);
     drop(cleanup);
     drop(lock);
@@ -288,6 +291,9 @@ fn complete(
         crash_point("capture_after_move");
     }
 
+    if let Some(delay) = crate::faults::delay_for("capture_commit") {
+        std::thread::sleep(delay);
+    }
     // 2. One commit.
     let commit = if moved.is_empty() {
         None
