@@ -611,6 +611,17 @@ pub fn open(path: &Path, busy_timeout: Duration) -> Result<Pool, DbError> {
     Ok(pool)
 }
 
+/// A transaction that writes: `BEGIN IMMEDIATE`, so it takes the write lock at once and
+/// waits for it (the busy timeout). A deferred one that reads first and then writes
+/// fails at once with `SQLITE_BUSY` (no wait) when another connection committed since
+/// its first read (WAL's snapshot rule): under the indexer's or the rescanner's writes
+/// that failed whole groups of agent writes as `workspace_busy`.
+pub fn write_transaction(
+    connection: &mut Connection,
+) -> rusqlite::Result<rusqlite::Transaction<'_>> {
+    connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+}
+
 /// Apply every migration above the database's `user_version`.
 pub fn migrate(connection: &mut Connection) -> Result<(), DbError> {
     let known = MIGRATIONS.len() as i64;
@@ -662,6 +673,45 @@ pub fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transaction that reads, then writes after another connection committed: a
+    /// deferred one fails at once (SQLITE_BUSY, the busy timeout not even tried), one
+    /// from `write_transaction` holds the write lock from its start and commits.
+    #[test]
+    fn a_write_transaction_never_fails_on_a_commit_made_after_its_first_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = open(&dir.path().join("state.db"), Duration::from_secs(5)).expect("open");
+        let mut first = pool.get().expect("conn");
+        let second = pool.get().expect("conn");
+        let insert = "INSERT INTO events(ts, workspace, kind, data) VALUES (1, 'w', 'k', '{}')";
+        let count = "SELECT count(*) FROM events";
+
+        let deferred = first.transaction().expect("begin");
+        let _: i64 = deferred.query_row(count, [], |r| r.get(0)).expect("read");
+        second.execute(insert, []).expect("other writer");
+        let error = deferred.execute(insert, []).expect_err("stale snapshot");
+        assert!(
+            matches!(&error, rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::DatabaseBusy),
+            "{error}"
+        );
+        drop(deferred);
+
+        let other = std::thread::spawn(move || {
+            // Waits (busy timeout) for the write transaction below, then writes.
+            std::thread::sleep(Duration::from_millis(50));
+            second.execute(insert, []).expect("other writer waits")
+        });
+        let immediate = write_transaction(&mut first).expect("begin immediate");
+        let _: i64 = immediate.query_row(count, [], |r| r.get(0)).expect("read");
+        std::thread::sleep(Duration::from_millis(200));
+        immediate
+            .execute(insert, [])
+            .expect("write after the other tried");
+        immediate.commit().expect("commit");
+        assert_eq!(other.join().expect("thread"), 1);
+        let total: i64 = first.query_row(count, [], |r| r.get(0)).expect("count");
+        assert_eq!(total, 3);
+    }
 
     #[test]
     fn migrations_apply_once_and_fts5_works() {

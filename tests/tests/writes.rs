@@ -122,6 +122,94 @@ async fn eight_sessions_fifty_creates_each() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Agent writes while other parts of the daemon write to state.db too (the rescanner
+/// indexing pages saved by an editor, the search indexer): no write may fail because
+/// state.db was busy. A deferred SQLite transaction that read before it wrote failed
+/// at once with SQLITE_BUSY when another connection had committed since its read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_never_fail_on_a_busy_state_db_while_outside_edits_are_indexed() -> anyhow::Result<()>
+{
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let outside = {
+        let root = root.clone();
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut n = 0;
+            std::fs::create_dir_all(root.join("wiki/outside")).expect("dir");
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                std::fs::write(
+                    root.join(format!("wiki/outside/o{n}.md")),
+                    format!("# Outside {n}\n\nsaved by an editor o{n}mark\n"),
+                )
+                .expect("outside write");
+                n += 1;
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            n
+        })
+    };
+    let mut tasks = Vec::new();
+    for writer in 0..4 {
+        let client = env.client(Some("lab")).await?;
+        tasks.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            for n in 0..40 {
+                let result = call(
+                    &client,
+                    "write",
+                    json!({"command": "create", "path": format!("wiki/b{writer}/p{n}.md"), "content": format!("# Busy {writer} {n}\n")}),
+                )
+                .await?;
+                if let Some(code) = error_code(&result) {
+                    failures.push(format!("{code}: {}", text_of(&result)));
+                }
+            }
+            client.cancel().await?;
+            anyhow::Ok(failures)
+        }));
+    }
+    let mut failures = Vec::new();
+    for task in tasks {
+        failures.extend(task.await??);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let saved = outside.join().expect("outside thread");
+    assert!(
+        failures.is_empty(),
+        "{} writes failed: {failures:?}",
+        failures.len()
+    );
+    assert_eq!(walk_count(&root.join("wiki"), "p"), 160);
+    // Every outside page is indexed in the end.
+    let client = env.client(Some("lab")).await?;
+    let mut listed = 0;
+    wait_until(Duration::from_secs(20), || {
+        let client = &client;
+        listed = listed_count(client, "wiki/outside/*.md");
+        listed == saved
+    });
+    assert_eq!(listed, saved, "outside pages indexed");
+    client.cancel().await?;
+    Ok(())
+}
+
+/// How many files `search(mode=list)` lists for `glob` (blocking, for `wait_until`).
+fn listed_count(client: &rmcp::service::RunningService<rmcp::RoleClient, ()>, glob: &str) -> usize {
+    let listed = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(call(
+            client,
+            "search",
+            json!({"mode": "list", "path": glob, "limit": 1000}),
+        ))
+    });
+    listed
+        .ok()
+        .and_then(|l| l["structuredContent"]["total"].as_u64())
+        .unwrap_or(0) as usize
+}
+
 fn walk_count(dir: &Path, prefix: &str) -> usize {
     let mut count = 0;
     for entry in std::fs::read_dir(dir).expect("dir").flatten() {

@@ -343,7 +343,7 @@ fn complete(
 
     // 3. Items, index and history in one transaction.
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     let now = now_ms();
     transaction.execute(
         "INSERT INTO runs(run_id, workspace, tool, client, session, state, started_at, finished_at, commit_id)

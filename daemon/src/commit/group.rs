@@ -297,7 +297,7 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
     crash_point("after_commit");
     let recorded = committed.and_then(|durable| {
         let mut connection = store.pool.get()?;
-        let transaction = connection.transaction()?;
+        let transaction = crate::db::write_transaction(&mut connection)?;
         let now = now_ms();
         for member in &members {
             record(

@@ -402,7 +402,7 @@ fn commit_late(
         .collect();
     finish_run(&dir, &mut watches);
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     record(&transaction, &root, manifest, None, &outside, now_ms())?;
     if target.exists() {
         index::index_file(&transaction, workspace, &manifest.path, &target)?;

@@ -325,7 +325,7 @@ fn complete(
 
     // 3. State and index, in one transaction.
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     let now = now_ms();
     let recorded = record(
         &transaction,

@@ -124,7 +124,7 @@ fn put_back(store: &Store, workspace: &str) -> ToolResult<()> {
         return Ok(());
     };
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     let now = now_ms();
     for d in &lost {
         tracing::warn!(workspace, path = %d.path, by = ?d.by, %commit, "a hand commit dropped a page alexandria committed (made from an old copy of git's index); committed again");

@@ -240,7 +240,6 @@ pub fn ensure_caught_up(store: &Store, workspace: &str) -> ToolResult<()> {
 /// found in a workspace that was indexed before are recorded as outside edits.
 pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
     let root = store.workspace_dir(workspace);
-    let head = head_commit(store, workspace);
     // Walk and stat without the index lock: at 100k files this is most of a scan, and
     // writes need the lock to index their page. Whatever looks changed or removed is
     // checked again under the lock, when writes cannot move it.
@@ -268,6 +267,9 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
     }
     let state = store.state(workspace);
     let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    // HEAD under the lock: a write committed since the walk is in it, so an outside
+    // edit logged below names the commit that holds the text it replaced.
+    let head = head_commit(store, workspace);
     let mut connection = store.pool.get()?;
     let known: HashMap<String, (i64, i64)> = {
         let mut statement =
@@ -311,7 +313,7 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
     progress.running.store(true, Ordering::Release);
     let _running = ClearOnDrop(&progress.running);
     for batch in changed.chunks(256) {
-        let transaction = connection.transaction()?;
+        let transaction = crate::db::write_transaction(&mut connection)?;
         for (relative, absolute, is_new) in batch {
             if !first_scan {
                 notify.push(relative.clone());
@@ -335,7 +337,7 @@ pub fn catch_up(store: &Store, workspace: &str) -> ToolResult<CatchUp> {
             .fetch_add(batch.len() as u64, Ordering::AcqRel);
     }
     if !removed.is_empty() {
-        let transaction = connection.transaction()?;
+        let transaction = crate::db::write_transaction(&mut connection)?;
         for relative in removed {
             remove_file(&transaction, workspace, relative)?;
             notify.push(relative.clone());
@@ -376,7 +378,7 @@ pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> To
     let state = store.state(workspace);
     let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     let root = store.workspace_dir(workspace);
     let mut notify = Vec::new();
     let head = head_commit(store, workspace);

@@ -752,7 +752,7 @@ pub fn item_json(workspace: &str, item: &Item) -> Value {
 /// pending; a pending item gets the newer revision in place; dismissed keys never
 /// come back. Returns the ids of new pending rows.
 fn record_found(connection: &mut Connection, source_id: i64, found: &[Found]) -> ToolResult<usize> {
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(connection)?;
     let now = now_ms();
     let mut added = 0;
     {
@@ -1152,7 +1152,7 @@ pub fn capture_items_with(
 /// Dismiss items for good (their keys stay, so they never come back).
 pub fn dismiss(store: &Store, workspace: &str, ids: &[i64]) -> ToolResult<Vec<i64>> {
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     let mut done = Vec::new();
     for id in ids {
         let state: Option<String> = transaction

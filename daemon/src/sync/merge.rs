@@ -589,7 +589,7 @@ fn record(store: &Store, slug: &str, journal: &Journal, changed: &[String]) -> T
         })
         .map_err(git2_error)?;
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     for path in changed {
         if !(path.starts_with("raw/") || path.starts_with("wiki/"))
             || path.split('/').any(|c| c.starts_with('.'))

@@ -74,7 +74,7 @@ pub fn rename(store: &Store, from: &str, to: &str) -> ToolResult<Value> {
     let old_dir = store.workspace_dir(from);
     let new_dir = store.workspace_dir(to);
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     for table in workspace_tables(&transaction)? {
         transaction.execute(
             &format!("UPDATE \"{table}\" SET workspace = ?1 WHERE workspace = ?2"),
@@ -134,7 +134,7 @@ pub fn archive(store: &Store, slug: &str) -> ToolResult<Value> {
     let _lock = lock_workspace(store, &state, slug, &run_id)?;
     let _index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
     let mut connection = store.pool.get()?;
-    let transaction = connection.transaction()?;
+    let transaction = crate::db::write_transaction(&mut connection)?;
     let paths: Vec<String> = {
         let mut statement = transaction.prepare("SELECT path FROM files WHERE workspace = ?1")?;
         statement
