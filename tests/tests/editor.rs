@@ -221,14 +221,23 @@ async fn editor_against_agents(save: Save, faults: Option<&str>) -> anyhow::Resu
     // Every acknowledged line gone from the page is explained: an outside edit in
     // history names a commit whose page still holds it.
     let final_text = std::fs::read_to_string(root.join(PAGE))?;
-    let history = call(
-        &client,
-        "history",
-        json!({"path": PAGE, "limit": 500, "op": "outside_edit"}),
-    )
-    .await?;
+    // Every outside edit (a loaded machine gives the editor hundreds of saves).
+    let mut entries = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut arguments = json!({"path": PAGE, "limit": 500, "op": "outside_edit"});
+        if let Some(cursor) = &cursor {
+            arguments["cursor"] = json!(cursor);
+        }
+        let history = call(&client, "history", arguments).await?;
+        entries.extend(history_entries(&history));
+        match history["structuredContent"]["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
     let mut before: Vec<String> = Vec::new();
-    let late = history_entries(&history)
+    let late = entries
         .iter()
         .filter(|e| {
             e["summary"]
@@ -236,7 +245,7 @@ async fn editor_against_agents(save: Save, faults: Option<&str>) -> anyhow::Resu
                 .is_some_and(|s| s.contains("after that write"))
         })
         .count();
-    for entry in history_entries(&history) {
+    for entry in &entries {
         if let Some(commit) = entry["previous_commit"].as_str() {
             before.push(git(&root, &["show", &format!("{commit}:{PAGE}")]));
         }
