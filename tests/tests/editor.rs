@@ -519,3 +519,156 @@ async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyho
     client.cancel().await?;
     Ok(())
 }
+
+/// The editor and the kill loop at once: two agents append to three pages while an
+/// editor saves one of them (by rename and in place, in turns) every 10 ms, and the
+/// daemon is killed with SIGKILL at a random moment, round after round. Afterwards
+/// every acknowledged agent line and every line the editor saved is in git
+/// (`ALEXANDRIA_KILL_ROUNDS` sets the number of rounds; 4 by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_kills_while_an_editor_saves_lose_no_line() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let rounds: usize = std::env::var("ALEXANDRIA_KILL_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let root = env.workspace_dir("lab");
+    let pages: Vec<String> = (0..3).map(|n| format!("wiki/shared{n}.md")).collect();
+    let client = env.client(Some("lab")).await?;
+    for page in &pages {
+        let created = call(
+            &client,
+            "write",
+            json!({"command": "create", "path": page, "content": format!("# {page}\n")}),
+        )
+        .await?;
+        assert!(error_code(&created).is_none(), "{created}");
+    }
+    client.cancel().await?;
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut acknowledged: Vec<(String, String)> = Vec::new();
+    let mut saved: Vec<String> = Vec::new();
+    for round in 0..rounds {
+        let mut agents = Vec::new();
+        for a in 0..2 {
+            let client = loop {
+                match env.client(Some("lab")).await {
+                    Ok(client) => break client,
+                    Err(error) => eprintln!("connecting after a kill failed ({error}); again"),
+                }
+            };
+            let pages = pages.clone();
+            let start = next();
+            agents.push(tokio::spawn(async move {
+                let mut done = Vec::new();
+                for n in 0..1000u64 {
+                    let page = &pages[((start + n) % 3) as usize];
+                    let line = format!("agent r{round}a{a}n{n}z");
+                    match call(
+                        &client,
+                        "write",
+                        json!({"command": "append", "path": page, "content": line}),
+                    )
+                    .await
+                    {
+                        Ok(result) if error_code(&result).is_none() => {
+                            done.push((page.clone(), line));
+                        }
+                        Ok(result) if error_code(&result) == Some("stale_plan") => {}
+                        Ok(result) => panic!("{result}"),
+                        Err(_) => break,
+                    }
+                }
+                done
+            }));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let editor = {
+            let page = root.join(&pages[0]);
+            let temp = root.join("wiki/.shared0.md.swp");
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut lines = Vec::new();
+                let mut n = 0;
+                while !stop.load(Ordering::Acquire) {
+                    let Ok(mut text) = std::fs::read_to_string(&page) else {
+                        continue;
+                    };
+                    if !text.ends_with('\n') {
+                        text.push('\n');
+                    }
+                    let line = format!("editor r{round}e{n}z");
+                    text.push_str(&line);
+                    text.push('\n');
+                    if n % 2 == 0 {
+                        std::fs::write(&temp, &text).expect("editor temp");
+                        std::fs::rename(&temp, &page).expect("editor rename");
+                    } else {
+                        let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(&page)
+                        else {
+                            continue;
+                        };
+                        std::thread::sleep(Duration::from_millis(5));
+                        file.set_len(0).expect("editor truncate");
+                        file.write_all(text.as_bytes()).expect("editor write");
+                    }
+                    lines.push(line);
+                    n += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                lines
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100 + next() % 400)).await;
+        env.kill_daemon();
+        for agent in agents {
+            acknowledged.extend(agent.await?);
+        }
+        stop.store(true, Ordering::Release);
+        saved.extend(editor.join().expect("editor thread"));
+    }
+    // Started again: recovery; then one more write per page commits what is on disk.
+    let client = env.client(Some("lab")).await?;
+    for page in &pages {
+        let last = call(
+            &client,
+            "write",
+            json!({"command": "append", "path": page, "content": "agent last line"}),
+        )
+        .await?;
+        assert!(error_code(&last).is_none(), "{last}");
+    }
+    let mut lost = Vec::new();
+    for (page, line) in &acknowledged {
+        if !added_lines(&root, page).contains(line) {
+            lost.push(format!("{page}: {line}"));
+        }
+    }
+    let edited = added_lines(&root, &pages[0]);
+    let lost_saves: Vec<&String> = saved.iter().filter(|l| !edited.contains(*l)).collect();
+    eprintln!(
+        "kills while editing: {rounds} kills, {} acknowledged agent lines, {} editor saves; {} lines and {} saves missing from git",
+        acknowledged.len(),
+        saved.len(),
+        lost.len(),
+        lost_saves.len()
+    );
+    assert!(acknowledged.len() > rounds, "too few acknowledged writes");
+    assert!(lost.is_empty(), "acknowledged lines not in git: {lost:?}");
+    assert!(
+        lost_saves.is_empty(),
+        "editor saves not in git: {lost_saves:?}"
+    );
+    git(&root, &["fsck", "--no-progress"]);
+    client.cancel().await?;
+    Ok(())
+}
