@@ -7,11 +7,13 @@
 
 pub mod engine;
 pub mod extract;
+pub mod glob;
 pub mod markdown;
 pub mod search;
 pub mod snippet;
 pub mod tokens;
 
+pub use glob::PathGlob;
 pub use search::{Hit, SearchQuery, fts_query, list, search, search_ranked};
 
 use std::collections::HashMap;
@@ -593,11 +595,7 @@ mod tests {
         }
         catch_up(&store, "global").expect("catch up");
         let connection = store.pool.get().expect("conn");
-        let scoped = globset::GlobBuilder::new("wiki/sub/**")
-            .literal_separator(true)
-            .build()
-            .expect("glob")
-            .compile_matcher();
+        let scoped = PathGlob::new("wiki/sub/**").expect("glob");
         // (offset, limit, scope, expected paths, more)
         let cases: &[(usize, usize, bool, &[&str], bool)] = &[
             (

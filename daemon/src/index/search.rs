@@ -1,11 +1,11 @@
 //! Ranked full-text search (the search index of `engine.rs`, or FTS5 `MATCH` and bm25;
 //! snippets for the returned hits from FTS5) and path listings over the catalogue.
 
+use super::glob::PathGlob;
 use super::*;
 use crate::error::{ToolError, ToolResult};
 use alexandria_proto::ErrorCode;
 use alexandria_proto::paths::Layer;
-use globset::GlobMatcher;
 use rusqlite::{Connection, params};
 
 /// One search hit.
@@ -28,7 +28,7 @@ pub struct SearchQuery<'a> {
     pub workspace: &'a str,
     pub query: &'a str,
     pub layer: Option<Layer>,
-    pub scope: Option<&'a GlobMatcher>,
+    pub scope: Option<&'a PathGlob>,
     /// SQLite GLOB prefilter matching a superset of `scope`.
     pub scope_sql: Option<String>,
     pub limit: usize,
@@ -193,7 +193,7 @@ pub fn list(
     connection: &Connection,
     workspace: &str,
     layer: Option<Layer>,
-    scope: Option<&GlobMatcher>,
+    scope: Option<&PathGlob>,
     scope_sql: Option<&str>,
 ) -> ToolResult<Vec<FileRecord>> {
     let mut statement = connection.prepare_cached(&format!(

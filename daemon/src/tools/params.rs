@@ -11,13 +11,14 @@ pub use crate::db::iso_time;
 /// A caller's path glob, checked: the matcher, a SQL GLOB prefilter, the layer.
 #[derive(Clone)]
 pub(crate) struct Scope {
-    pub(crate) matcher: globset::GlobMatcher,
+    pub(crate) matcher: crate::index::PathGlob,
     pub(crate) sql: String,
     pub(crate) layer: Layer,
 }
 
-/// Globs compiled lately, by pattern: compiling one (a regex, its DFA) cost more than
-/// the rest of a glob read of 10 pages. A scope depends on the pattern alone.
+/// Globs compiled lately, by pattern (compiling one is a few µs since `PathGlob`; it
+/// cost more than the rest of a glob read of 10 pages with globset's matcher). A scope
+/// depends on the pattern alone.
 static SCOPES: std::sync::Mutex<Vec<(String, Scope)>> = std::sync::Mutex::new(Vec::new());
 const SCOPES_KEPT: usize = 64;
 
@@ -49,16 +50,12 @@ fn compile_scope(path: &str) -> ToolResult<Scope> {
     } else {
         checked.path.clone()
     };
-    let matcher = globset::GlobBuilder::new(&pattern)
-        .literal_separator(true)
-        .build()
-        .map_err(|e| {
-            ToolError::invalid_argument(
-                format!("'{path}' is not a valid glob: {e}"),
-                "use * within a directory, ** across directories, {a,b} for alternatives",
-            )
-        })?
-        .compile_matcher();
+    let matcher = crate::index::PathGlob::new(&pattern).map_err(|e| {
+        ToolError::invalid_argument(
+            format!("'{path}' is not a valid glob: {e}"),
+            "use * within a directory, ** across directories, {a,b} for alternatives",
+        )
+    })?;
     // SQLite GLOB prefilter: a superset of the glob (its * also matches '/').
     let mut sql = String::new();
     let mut in_braces = false;
