@@ -13,6 +13,8 @@
 //! - `crash:<point>`: kill the process when execution reaches `<point>` (used by the
 //!   write path's crash-safety tests).
 //! - `panic:<tool>`: panic inside `<tool>` (the daemon must survive it).
+//! - `fail:<point>`: fail with an I/O error when execution reaches `<point>`
+//!   (`fail:commit_outside`: committing a version found in place of the planned one).
 //! - `off:<feature>`: behave as on a system without `<feature>`: `off:exchange` swaps
 //!   pages in as on a file system without an atomic exchange (`commit/place.rs`).
 
@@ -27,6 +29,7 @@ pub struct Faults {
     crashes: Vec<String>,
     panics: Vec<String>,
     off: Vec<String>,
+    failures: Vec<String>,
 }
 
 fn faults() -> &'static Faults {
@@ -49,6 +52,7 @@ fn parse(spec: &str) -> Faults {
             ["crash", point] => faults.crashes.push(point.to_string()),
             ["panic", tool] => faults.panics.push(tool.to_string()),
             ["off", feature] => faults.off.push(feature.to_string()),
+            ["fail", point] => faults.failures.push(point.to_string()),
             _ => tracing::warn!(item, "ignoring unknown fault"),
         }
     }
@@ -65,6 +69,16 @@ pub fn delay_for(tool: &str) -> Option<Duration> {
         .iter()
         .find(|(name, _)| name == tool)
         .map(|(_, delay)| *delay)
+}
+
+/// An injected I/O error at `point`, if a test asked for one (`fail:<point>`).
+pub fn fail_point(point: &str) -> std::io::Result<()> {
+    if faults().failures.iter().any(|p| p == point) {
+        return Err(std::io::Error::other(format!(
+            "injected failure at {point}"
+        )));
+    }
+    Ok(())
 }
 
 /// Whether a test asked to behave as if `feature` were missing (`off:<feature>`).

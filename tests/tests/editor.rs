@@ -672,3 +672,86 @@ async fn random_kills_while_an_editor_saves_lose_no_line() -> anyhow::Result<()>
     client.cancel().await?;
     Ok(())
 }
+
+/// A write that fails after its swap (here: committing the editor's save it found in
+/// place fails) is rolled back, and the roll back puts the editor's save back on the
+/// page, not HEAD's older version: it was in neither git nor any file but the run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_failing_after_its_swap_puts_the_editors_save_back() -> anyhow::Result<()> {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let root = env.workspace_dir("lab");
+    let page = root.join(PAGE);
+    let client = env.client(Some("lab")).await?;
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
+    )
+    .await?;
+    assert!(error_code(&created).is_none(), "{created}");
+    client.cancel().await?;
+    env.ok(&["daemon", "stop"]);
+
+    let failing = Env {
+        dir: alexandria_tests::short_tempdir(),
+        home: env.home.clone(),
+        faults: Some("delay:swap:2000,fail:commit_outside".into()),
+        vars: Vec::new(),
+    };
+    let client = failing.client(Some("lab")).await?;
+    let write = tokio::spawn(async move {
+        let result = call(
+            &client,
+            "write",
+            json!({"command": "append", "path": PAGE, "content": "agent line that fails"}),
+        )
+        .await;
+        let _ = client.cancel().await;
+        result
+    });
+    let runs = root.join("runs");
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            std::fs::read_dir(&runs).is_ok_and(|entries| {
+                entries
+                    .flatten()
+                    .any(|e| e.path().join("prepared.json").exists())
+            })
+        }),
+        "the write was never prepared"
+    );
+    // The editor saves between the plan and the swap.
+    std::fs::write(
+        root.join("wiki/.race.md.swp"),
+        "# Race\neditor save the roll back must keep\n",
+    )?;
+    std::fs::rename(root.join("wiki/.race.md.swp"), &page)?;
+    let result = write.await??;
+    assert!(
+        error_code(&result).is_some(),
+        "the write cannot succeed: {result}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&page)?,
+        "# Race\neditor save the roll back must keep\n",
+        "the roll back did not put the editor's save back"
+    );
+    failing.ok(&["daemon", "stop"]);
+
+    // Without the fault, the next write commits the save first.
+    let client = env.client(Some("lab")).await?;
+    let next = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": PAGE, "content": "agent line after"}),
+    )
+    .await?;
+    assert!(error_code(&next).is_none(), "{next}");
+    let in_git = added_lines(&root, PAGE);
+    assert!(in_git.contains("editor save the roll back must keep"));
+    assert!(std::fs::read_to_string(&page)?.contains("editor save the roll back must keep"));
+    client.cancel().await?;
+    Ok(())
+}

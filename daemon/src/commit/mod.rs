@@ -879,6 +879,8 @@ impl Page<'_, '_> {
         if rev == self.committed {
             return Ok(());
         }
+        crate::faults::fail_point("commit_outside")
+            .map_err(|e| io_error("committing a version saved outside alexandria", e))?;
         let op = match (&self.committed, bytes) {
             (None, _) => "outside_create",
             (Some(_), None) => "outside_delete",
@@ -1426,6 +1428,17 @@ fn put_back_before(root: &Path, manifest: &Manifest, before: Option<&[u8]>) {
             || kept_versions(&dir)
                 .iter()
                 .any(|k| !k.back && k.placed == rev)
+    };
+    // The newest version a swap of the run replaced that is not the run's own text (an
+    // editor's save, maybe not committed: the failure may be its commit's) is what the
+    // page held last; it goes back rather than HEAD's older one.
+    let replaced = kept_versions(&dir)
+        .into_iter()
+        .rev()
+        .find(|k| k.swapped() && !ours(&revision(&k.bytes)));
+    let before = match &replaced {
+        Some(kept) => Some(kept.bytes.as_slice()),
+        None => before,
     };
     let keep = dir.join(format!("undo-{}", uuid::Uuid::new_v4().simple()));
     let result = match before {
