@@ -122,9 +122,11 @@ pub(crate) fn recover(store: &Store, workspace: &str, report: &mut Vec<String>) 
 /// One kept directory: every replaced file whose text git does not have (and that is
 /// not a text the run itself put in place) was saved into after the write.
 fn recover_dir(store: &Store, workspace: &str, dir: &Path) -> ToolResult<usize> {
-    let Some(manifest) = load_manifest(dir) else {
+    let Some(mut manifest) = load_manifest(dir) else {
         return Ok(0);
     };
+    // The workspace may have been renamed since.
+    manifest.workspace = workspace.to_string();
     let kept = kept_versions(dir);
     let ours: std::collections::HashSet<&str> = kept
         .iter()
