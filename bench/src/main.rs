@@ -74,6 +74,11 @@ struct Args {
     /// the concurrent writers; prints the table and writes no report
     #[arg(long)]
     writes: bool,
+    /// Full run: seconds of mixed load (four clients, every read-only case and writes)
+    /// after the figures of each size of 10k pages and more, for the daemon's memory
+    /// after an hour of calls compressed (0: leave it out; --quick always does)
+    #[arg(long, value_name = "SECONDS", default_value_t = 180)]
+    mixed_load: u64,
     /// With --writes: also run the binaries in this directory (a base build), with the
     /// same writes round-robin, for ratios that hold on a busy machine
     #[arg(long, requires = "writes")]
@@ -109,6 +114,7 @@ fn run_main() -> Result<()> {
         quick: args.quick,
         seed: args.seed,
         writers: args.writers.into_iter().filter(|w| *w > 0).collect(),
+        mixed_load: std::time::Duration::from_secs(if args.quick { 0 } else { args.mixed_load }),
     };
     if let Some(workspace) = &args.generate_only {
         let pages = settings.sizes.first().copied().unwrap_or(1000);

@@ -163,7 +163,7 @@ pub fn document(
         load.0,
         load.1
     );
-    out.push_str("## Targets (issue 6)\n\n");
+    out.push_str("## Targets (issues 6 and 15)\n\n");
     out.push_str(&targets_table(targets));
     out.push_str("\n## Results\n\n");
     out.push_str(&table(rows));
