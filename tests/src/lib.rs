@@ -213,7 +213,7 @@ impl Env {
     /// Kill this home's daemon with SIGKILL (if one runs) and wait until it is gone.
     pub fn kill_daemon(&self) {
         if let Some(pid) = self.daemon_pid() {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            send_signal(pid, rustix::process::Signal::KILL);
             wait_until(Duration::from_secs(10), || !process_alive(pid));
         }
     }
@@ -222,11 +222,9 @@ impl Env {
 impl Drop for Env {
     fn drop(&mut self) {
         if let Some(pid) = self.daemon_pid() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
+            send_signal(pid, rustix::process::Signal::TERM);
             if !wait_until(Duration::from_secs(5), || !process_alive(pid)) {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                send_signal(pid, rustix::process::Signal::KILL);
             }
         }
     }
@@ -301,6 +299,29 @@ pub fn unrestored_deletions(root: &Path) -> String {
         }
     }
     report
+}
+
+/// Send `signal` to process `pid` (a positive pid only: never a group, never -1).
+/// Not through the `kill` command: procps-ng 4.0.2 reads `kill -KILL -18300` as
+/// `kill(-1, SIGKILL)`, every process of the user, which ended whole sessions here.
+pub fn send_signal(pid: u32, signal: rustix::process::Signal) {
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+/// Send `signal` to the process group `pgid` (a positive id: the group a child was
+/// started in with `process_group(0)`).
+pub fn signal_group(pgid: u32, signal: rustix::process::Signal) {
+    if let Some(pgid) = i32::try_from(pgid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pgid, signal);
+    }
 }
 
 pub fn process_alive(pid: u32) -> bool {

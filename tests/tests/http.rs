@@ -513,11 +513,7 @@ fn an_http_call_in_flight_is_answered_at_a_stop() {
         "the write never reached the daemon"
     );
     let pid = daemon.child.id();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    alexandria_tests::send_signal(pid, rustix::process::Signal::TERM);
 
     let (code, message) = call.join().expect("the call thread");
     assert_eq!(code, 200, "the write's HTTP status");

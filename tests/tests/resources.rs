@@ -28,9 +28,7 @@ impl Watchdog {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let _ = std::process::Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status();
+            alexandria_tests::send_signal(pid, rustix::process::Signal::KILL);
         });
         Watchdog(done)
     }

@@ -97,9 +97,7 @@ impl GitDaemon {
 
 impl Drop for GitDaemon {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &format!("-{}", self.child.id())])
-            .status();
+        alexandria_tests::signal_group(self.child.id(), rustix::process::Signal::KILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -206,11 +206,7 @@ fn writes_survive_a_stop(trigger: Trigger) {
             Some(stop.spawn().expect("spawn daemon stop"))
         }
         Trigger::Sigterm => {
-            let status = std::process::Command::new("kill")
-                .args(["-TERM", &old_pid.to_string()])
-                .status()
-                .expect("kill");
-            assert!(status.success());
+            alexandria_tests::send_signal(old_pid, rustix::process::Signal::TERM);
             None
         }
     };

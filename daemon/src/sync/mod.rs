@@ -583,19 +583,41 @@ pub fn spawn(store: Arc<Store>) {
     }
 }
 
+/// Size, modification time and inode of a workspace's `.git/config`.
+type ConfigStamp = (u64, std::time::SystemTime, u64);
+
+fn config_stamp(root: &Path) -> Option<ConfigStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(root.join(".git/config")).ok()?;
+    Some((metadata.len(), metadata.modified().ok()?, metadata.ino()))
+}
+
 fn run(store: &Store) {
     let interval = Duration::from_secs_f64(store.config.sync.interval_secs.max(1.0));
     let quiet = Duration::from_secs_f64(store.config.sync.quiet_secs.max(0.1));
     let mut tracked: HashMap<String, Tracked> = HashMap::new();
+    // Workspaces without background sync, by the stat of their `.git/config` when that
+    // was seen: opening every repository 4 times a second cost ~35k instructions each
+    // (reading git's config files) in an idle daemon.
+    let mut without: HashMap<String, ConfigStamp> = HashMap::new();
     loop {
         std::thread::sleep(Duration::from_millis(250));
         for slug in store.list_workspaces() {
-            let Ok(repo) = Repository::open(store.workspace_dir(&slug)) else {
+            let root = store.workspace_dir(&slug);
+            let stamp = config_stamp(&root);
+            if stamp.is_some() && without.get(&slug) == stamp.as_ref() {
+                continue;
+            }
+            let Ok(repo) = Repository::open(&root) else {
                 continue;
             };
             if !remote_of(&repo).is_some_and(|r| r.auto) {
+                if let Some(stamp) = stamp {
+                    without.insert(slug, stamp);
+                }
                 continue;
             }
+            without.remove(&slug);
             if !crate::commit::rebuild::known(store, &slug).unwrap_or(false) {
                 continue;
             }
