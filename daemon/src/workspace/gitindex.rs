@@ -125,7 +125,14 @@ pub fn write_next(current: &Path, next: &Path, updates: &[Update<'_>]) -> std::i
     if !ours && trailer != [0; HASH] && sha1(&bytes[..bytes.len() - HASH]) != trailer {
         return Ok(Outcome::Unsupported("the index's checksum does not match"));
     }
-    let built = match build(&bytes, &index, updates) {
+    // The working tree, for the racily clean entries (`smudged`).
+    let workdir = current.parent().and_then(Path::parent);
+    let built = match build(
+        &bytes,
+        &index,
+        updates,
+        workdir.map(|w| (w, metadata.mtime())),
+    ) {
         Ok(built) => built,
         Err(why) => return Ok(Outcome::Unsupported(why)),
     };
@@ -252,11 +259,58 @@ fn parse(bytes: &[u8]) -> Result<Parsed<'_>, &'static str> {
     })
 }
 
-/// The new index's bytes, trailer included.
+/// An entry copied from an index whose file was modified at `index_mtime` (seconds),
+/// smudged as git smudges it when it writes an index: an entry whose file changed in
+/// that same second without changing size may look unchanged by its stat data (git
+/// compares whole seconds), and only the old index's own mtime (at least the entry's)
+/// told git to look at its content. The new index has a later mtime, so such an entry
+/// whose file's content differs gets size 0: git then reads the content again. Without
+/// this, `git status` showed clean a page a person had changed, and `git commit -a`,
+/// `git stash` and a checkout overlooked their change.
+fn smudged<'e>(
+    entry: &'e [u8],
+    path: &[u8],
+    workdir: &Path,
+    index_mtime: i64,
+) -> std::borrow::Cow<'e, [u8]> {
+    use std::borrow::Cow;
+    let field = |at: usize| be32(entry, at).map(i64::from);
+    let (Some(mtime), Some(size)) = (field(8), field(36)) else {
+        return Cow::Borrowed(entry);
+    };
+    if mtime < index_mtime || size == 0 {
+        return Cow::Borrowed(entry);
+    }
+    let Some(relative) = std::str::from_utf8(path).ok() else {
+        return Cow::Borrowed(entry);
+    };
+    let file = workdir.join(relative);
+    let Ok(metadata) = fs::symlink_metadata(&file) else {
+        return Cow::Borrowed(entry);
+    };
+    // A stat that differs tells git by itself.
+    if !metadata.is_file() || metadata.size() as i64 != size || metadata.mtime() != mtime {
+        return Cow::Borrowed(entry);
+    }
+    let same = fs::read(&file)
+        .ok()
+        .and_then(|content| Oid::hash_object(git2::ObjectType::Blob, &content).ok())
+        .is_some_and(|id| entry.get(40..60) == Some(id.as_bytes()));
+    if same {
+        return Cow::Borrowed(entry);
+    }
+    let mut copy = entry.to_vec();
+    copy[36..40].copy_from_slice(&[0; 4]);
+    Cow::Owned(copy)
+}
+
+/// The new index's bytes, trailer included. `racy`: the working tree and the old
+/// index file's mtime, for `smudged`.
 fn build(
     bytes: &[u8],
     index: &Parsed<'_>,
     updates: &[Update<'_>],
+    racy: Option<(&Path, i64)>,
 ) -> Result<Vec<u8>, &'static str> {
     let mut updates: Vec<&Update<'_>> = updates.iter().collect();
     updates.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
@@ -320,13 +374,18 @@ fn build(
     out.extend_from_slice(&[0; 4]);
     let mut count: u32 = 0;
     let mut next = inserted.iter().peekable();
-    for (i, (entry, _)) in entries.iter().enumerate() {
+    for (i, (entry, path)) in entries.iter().enumerate() {
         while let Some((_, new)) = next.next_if(|(at, _)| *at == i) {
             out.extend_from_slice(new);
             count += 1;
         }
         if !removed[i] {
-            out.extend_from_slice(entry);
+            match racy {
+                Some((workdir, mtime)) => {
+                    out.extend_from_slice(&smudged(entry, path, workdir, mtime));
+                }
+                None => out.extend_from_slice(entry),
+            }
             count += 1;
         }
     }
@@ -689,6 +748,61 @@ mod tests {
                 .filter(|l| !l.starts_with("A ") && !l.starts_with("M ") && !l.starts_with("D "))
                 .count(),
             0
+        );
+    }
+
+    /// A person changes a file in the second git last wrote the index, keeping its size
+    /// (stat data alone cannot tell); git notices (the index is as new as the entry).
+    /// After the daemon rewrites the index, a later file, git must notice still.
+    #[test]
+    fn a_change_git_could_only_see_by_content_stays_visible() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        drop(repo);
+        let mine = root.join("raw/r.txt");
+        let committed = fs::metadata(&mine).expect("stat");
+        let mtime = committed.modified().expect("mtime");
+        // Same size, same mtime as the entry (as within one second), other content.
+        let old = fs::read(&mine).expect("read");
+        let mut changed = old.clone();
+        changed[0] = if changed[0] == b'X' { b'Y' } else { b'X' };
+        fs::write(&mine, &changed).expect("write");
+        fs::File::options()
+            .write(true)
+            .open(&mine)
+            .and_then(|f| f.set_modified(mtime))
+            .expect("set mtime");
+        let index = root.join(".git/index");
+        fs::File::options()
+            .write(true)
+            .open(&index)
+            .and_then(|f| f.set_modified(mtime))
+            .expect("set the index's mtime");
+        // diff-files: never writes the index (status may, smudging it itself).
+        assert_eq!(
+            git(root, &["diff-files", "--name-only"]),
+            "raw/r.txt\n",
+            "git sees it before"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let (other, other_stat) = page(
+            &git2::Repository::open(root).expect("repo"),
+            "wiki/other.md",
+            "o\n",
+        );
+        ours(
+            &index,
+            &[Update {
+                path: "wiki/other.md",
+                blob: Some(other),
+                stat: Some(&other_stat),
+            }],
+        );
+        assert_eq!(
+            git(root, &["diff-files", "--name-only"]),
+            "raw/r.txt\n",
+            "git must see the change after the daemon wrote the index"
         );
     }
 
