@@ -188,6 +188,102 @@ pub fn find(repo: &Repository, root: &Path) -> Result<Vec<Dropped>, git2::Error>
     Ok(found)
 }
 
+/// How long after it happened a branch rewound by a racing `git reset` is repaired.
+const REWIND_SECS: i64 = 3600;
+
+/// alexandria's commits that a `git reset` racing them dropped from HEAD's branch.
+///
+/// `git reset` (and `git stash`, which runs `git reset --hard`) resolves its target,
+/// `HEAD`, when it starts, and moves the branch to it at the end without checking that
+/// the branch still is where it was (git's own reset reads the branch again just
+/// before its update). When the daemon commits in between, the branch goes back below
+/// the daemon's commits ("reset: moving to HEAD", yet it moved) and a hard reset also
+/// puts the files back as they were before them: acknowledged writes gone from HEAD
+/// and from disk. A reset to `HEAD` never means to move the branch, so its reflog entry
+/// is the proof of the race.
+#[derive(Debug, Clone)]
+pub struct Rewound {
+    /// The branch before the reset: the newest dropped commit.
+    pub from: Oid,
+    /// Where the reset moved it (what `HEAD` was when the reset started).
+    pub to: Oid,
+    /// The dropped commits, newest first (all alexandria's).
+    pub commits: Vec<Oid>,
+}
+
+/// The rewinds of HEAD's branch in its reflog (the last hour) that are not repaired:
+/// the dropped commits are neither in HEAD's history nor named by a restore commit
+/// there (`message::REWOUND`).
+pub fn rewound(repo: &Repository) -> Result<Vec<Rewound>, git2::Error> {
+    let Ok(head) = repo.head() else {
+        return Ok(Vec::new());
+    };
+    let (Ok(branch), Some(tip)) = (head.name().map(str::to_string), head.target()) else {
+        return Ok(Vec::new());
+    };
+    let Ok(reflog) = repo.reflog(&branch) else {
+        return Ok(Vec::new());
+    };
+    let now = chrono::Utc::now().timestamp();
+    let mut found = Vec::new();
+    for entry in reflog.iter().take(DEPTH) {
+        if entry.committer().when().seconds() < now - REWIND_SECS {
+            break;
+        }
+        if !matches!(entry.message(), Ok(Some("reset: moving to HEAD"))) {
+            continue;
+        }
+        let (from, to) = (entry.id_old(), entry.id_new());
+        if from == to || from.is_zero() || to.is_zero() {
+            continue;
+        }
+        // The commits between: alexandria's only, down to where the reset went.
+        let mut commits = Vec::new();
+        let mut cursor = repo.find_commit(from)?;
+        let mut reached = false;
+        for _ in 0..DEPTH {
+            if cursor.id() == to {
+                reached = true;
+                break;
+            }
+            if cursor.committer().name().ok() != Some("alexandria") {
+                break;
+            }
+            commits.push(cursor.id());
+            match cursor.parent(0) {
+                Ok(parent) => cursor = parent,
+                Err(_) => break,
+            }
+        }
+        if !reached || commits.is_empty() {
+            continue;
+        }
+        // Back in HEAD's history (a reset to ORIG_HEAD, or repaired): nothing to do.
+        if tip == from || repo.graph_descendant_of(tip, from).unwrap_or(false) {
+            continue;
+        }
+        found.push(Rewound { from, to, commits });
+    }
+    if found.is_empty() {
+        return Ok(found);
+    }
+    // Repaired already: a restore commit in HEAD's recent history names the tip.
+    let mut repaired = HashSet::new();
+    let mut cursor = repo.find_commit(tip)?;
+    for _ in 0..DEPTH {
+        if let Some(named) = crate::workspace::message::rewound_tip(cursor.message().unwrap_or(""))
+        {
+            repaired.insert(named);
+        }
+        match cursor.parent(0) {
+            Ok(parent) => cursor = parent,
+            Err(_) => break,
+        }
+    }
+    found.retain(|r| !repaired.contains(&r.from.to_string()));
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -124,6 +124,29 @@ pub fn restore(subject: &str, body: &str) -> String {
     outside(OP_RESTORE, subject, body)
 }
 
+/// Trailer of a commit that puts back what a `git reset` racing alexandria's commits
+/// dropped from HEAD's branch: the dropped tip (`workspace::dropped::Rewound`).
+pub const REWOUND: &str = "Alexandria-Rewound";
+
+/// The message of such a commit.
+pub fn restore_rewound(subject: &str, body: &str, dropped_tip: &str) -> String {
+    format!(
+        "{}\n\n{}\n\n{OP}: {OP_RESTORE}\n{REWOUND}: {}\n",
+        one_line(subject),
+        body.trim(),
+        one_line(dropped_tip)
+    )
+}
+
+/// The dropped tip a restore commit names (`REWOUND`), if any.
+pub fn rewound_tip(message: &str) -> Option<String> {
+    trailers(message)
+        .into_iter()
+        .rev()
+        .find(|(key, _)| key.eq_ignore_ascii_case(REWOUND))
+        .map(|(_, value)| value.to_string())
+}
+
 /// The author name of an agent's commit: its client, or "unknown client".
 pub fn author_name(client: Option<&str>) -> String {
     client
