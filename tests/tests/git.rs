@@ -425,12 +425,22 @@ async fn a_hand_commit_from_an_old_copy_of_the_index_does_not_drop_a_page() -> a
         assert!(output.status.success(), "git {args:?}: {output:?}");
     }
     // git writes the copy it committed from back as git's index.
+    // (The daemon may hold the lock a moment, repairing what the commit dropped: git
+    // then says so, and the person runs it again.)
     let write_back = |copy: &Path| -> anyhow::Result<()> {
         let lock = root.join(".git/index.lock");
-        std::fs::OpenOptions::new()
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Err(error) = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(&lock)?;
+            .open(&lock)
+        {
+            anyhow::ensure!(
+                error.kind() == std::io::ErrorKind::AlreadyExists && Instant::now() < deadline,
+                "cannot take .git/index.lock: {error}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         std::fs::copy(copy, &lock)?;
         std::fs::rename(&lock, root.join(".git/index"))?;
         Ok(())
