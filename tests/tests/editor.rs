@@ -655,6 +655,39 @@ async fn random_kills_while_an_editor_saves_lose_no_line() -> anyhow::Result<()>
     }
     let edited = added_lines(&root, &pages[0]);
     let lost_saves: Vec<&String> = saved.iter().filter(|l| !edited.contains(*l)).collect();
+    if !lost_saves.is_empty() || !lost.is_empty() {
+        // What the daemons did about replaced files and recovery, for whoever looks.
+        let mut log = String::new();
+        for entry in std::fs::read_dir(env.home.join("logs"))?.flatten() {
+            if entry.file_name().to_string_lossy().starts_with("daemon") {
+                log.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+            }
+        }
+        let relevant: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                [
+                    "recover",
+                    "late",
+                    "replaced",
+                    "outside",
+                    "rolled",
+                    "completed",
+                    "interrupted",
+                ]
+                .iter()
+                .any(|w| l.contains(w))
+            })
+            .collect();
+        eprintln!(
+            "daemon log (recovery, replaced files, outside saves):\n{}\nruns: {:?}",
+            relevant.join("\n"),
+            std::fs::read_dir(root.join("runs"))?
+                .flatten()
+                .map(|e| e.file_name())
+                .collect::<Vec<_>>()
+        );
+    }
     eprintln!(
         "kills while editing: {rounds} kills, {} acknowledged agent lines, {} editor saves; {} lines and {} saves missing from git",
         acknowledged.len(),

@@ -65,13 +65,22 @@ pub(super) fn finish_run(dir: &Path, watches: &mut [Watch]) {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let kept = dir.with_file_name(format!("{KEPT_PREFIX}{name}"));
+    let kept = if name.starts_with(KEPT_PREFIX) {
+        dir.to_path_buf()
+    } else {
+        dir.with_file_name(format!("{KEPT_PREFIX}{name}"))
+    };
     if load_manifest(dir).is_none() {
         let mut manifest = first.manifest.clone();
         manifest.state = RunState::Prepared;
         let _ = save_manifest(dir, &manifest);
     }
-    match fs::rename(dir, &kept) {
+    let moved = if kept == dir {
+        Ok(())
+    } else {
+        fs::rename(dir, &kept)
+    };
+    match moved {
         Ok(()) => {
             let kept = Arc::new(KeptDir(kept));
             for watch in watches {
@@ -82,6 +91,23 @@ pub(super) fn finish_run(dir: &Path, watches: &mut [Watch]) {
             tracing::warn!(dir = %dir.display(), %error, "cannot keep a run's directory for the watch of its replaced files");
             let _ = fs::remove_dir_all(dir);
         }
+    }
+}
+
+/// Recovery of a run that was committed and recorded, whose directory a crash left:
+/// kept as `runs/.late-<run_id>` when its swaps replaced files (a save may have landed
+/// in one after the commit; `recover` looks), else removed.
+pub(super) fn keep_for_recovery(dir: &Path) {
+    if kept_versions(dir).is_empty() {
+        let _ = fs::remove_dir_all(dir);
+        return;
+    }
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if fs::rename(dir, dir.with_file_name(format!("{KEPT_PREFIX}{name}"))).is_err() {
+        let _ = fs::remove_dir_all(dir);
     }
 }
 
@@ -327,8 +353,18 @@ fn commit_late(
     let index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
     let root = store.workspace_dir(workspace);
     let target = root.join(&manifest.path);
-    // Where the swap below keeps what it replaces (a save just now, committed too).
-    let dir = run_dir(store, workspace, &holder);
+    // Where the swaps below keep what they replace (a save just now, committed too):
+    // a kept directory from the start, with the run's manifest, so that recovery
+    // commits what a crash before the commit would leave only there (`recover`).
+    let dir = run_dir(
+        store,
+        workspace,
+        &format!("{KEPT_PREFIX}{holder}-{}", uuid::Uuid::new_v4().simple()),
+    );
+    fs::create_dir_all(&dir).map_err(|e| io_error("creating a run directory", e))?;
+    let mut kept_manifest = manifest.clone();
+    kept_manifest.state = RunState::Prepared;
+    save_manifest(&dir, &kept_manifest)?;
     let changed = Cell::new(false);
     let timeout = git_lock_timeout(store);
     let result = state.with_repo(&root, |repo| -> ToolResult<_> {
@@ -387,7 +423,10 @@ fn commit_late(
     let (outside, _durable, now_in_place, replaced) = match result {
         Ok(done) => done,
         Err(error) => {
-            let _ = fs::remove_dir_all(&dir);
+            // What its swaps replaced stays for recovery (`recover`), if anything.
+            if kept_versions(&dir).is_empty() {
+                let _ = fs::remove_dir_all(&dir);
+            }
             return Err(error);
         }
     };

@@ -292,7 +292,10 @@ fn complete(
             )
             .optional()?;
         if let Some(commit) = recorded {
-            let _ = fs::remove_dir_all(&dir);
+            // The files its swaps replaced may have received a save after the commit
+            // (a crash came before the directory was kept for the watch): recovery
+            // looks at them as at a kept directory (`late::recover`).
+            late::keep_for_recovery(&dir);
             return Ok(Completed {
                 commit: commit.unwrap_or_default(),
                 rev: manifest.new_rev.clone(),
