@@ -23,61 +23,116 @@ pub fn terms(text: &str) -> Vec<String> {
 }
 
 /// The terms of a text one at a time, with where each word is in the text, reusing
-/// two buffers (no allocation per word): for the index's tokenizer and for snippets.
+/// one buffer (no allocation per word): for the index's tokenizer and for snippets.
+///
+/// ASCII is read through a table (most text); any other character is decoded and
+/// folded as unicode61 does.
 pub struct Terms<'a> {
     text: &'a str,
-    chars: std::str::CharIndices<'a>,
-    word: String,
-    stem: Vec<u8>,
+    /// Where the next word is looked for.
+    at: usize,
+    /// The current word, folded, then stemmed: the term.
     term: String,
 }
+
+/// ASCII bytes that are part of a token (letters and digits).
+const ASCII_TOKEN: [bool; 128] = {
+    let mut table = [false; 128];
+    let mut b = 0;
+    while b < 128 {
+        table[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    table
+};
 
 impl<'a> Terms<'a> {
     pub fn new(text: &'a str) -> Terms<'a> {
         Terms {
             text,
-            chars: text.char_indices(),
-            word: String::new(),
-            stem: Vec::new(),
+            at: 0,
             term: String::new(),
         }
     }
 
     /// Move to the next term; the byte range of its word in the text.
     pub fn advance(&mut self) -> Option<std::ops::Range<usize>> {
-        self.word.clear();
-        let mut start = None;
-        let mut end = self.text.len();
-        for (at, c) in self.chars.by_ref() {
-            if c.is_ascii() {
-                if c.is_ascii_alphanumeric() {
-                    start.get_or_insert(at);
-                    self.word.push(c.to_ascii_lowercase());
-                    continue;
+        loop {
+            let range = self.next_word()?;
+            if self.term.is_empty() {
+                continue; // a word made only of marks folds to nothing: not a token
+            }
+            self.stem();
+            return Some(range);
+        }
+    }
+
+    /// Move to the next word without stemming it: its byte range, and the first byte
+    /// of its folded form (None for a word that folds to nothing, which is no term).
+    /// Stemming keeps that byte, so a word whose first byte starts no query term is
+    /// none of them; `stem` makes the word the current term. For snippets, which
+    /// stem only the words that may be a query term.
+    pub fn advance_unstemmed(&mut self) -> Option<(std::ops::Range<usize>, Option<u8>)> {
+        let range = self.next_word()?;
+        Some((range, self.term.as_bytes().first().copied()))
+    }
+
+    /// Stem the word just read: it becomes the current term.
+    pub fn stem(&mut self) {
+        porter(&mut self.term);
+    }
+
+    /// The next run of token characters, folded into `self.term`; its byte range.
+    fn next_word(&mut self) -> Option<std::ops::Range<usize>> {
+        let bytes = self.text.as_bytes();
+        let mut i = self.at;
+        // Skip to the first token character.
+        let start = loop {
+            let &b = bytes.get(i)?;
+            if b < 0x80 {
+                if ASCII_TOKEN[usize::from(b)] {
+                    break i;
                 }
-            } else if is_token_char(c) {
-                start.get_or_insert(at);
-                fold_into(c, &mut self.word);
-                continue;
+                i += 1;
+            } else {
+                let c = self.char_at(i);
+                if is_token_char(c) {
+                    break i;
+                }
+                i += c.len_utf8();
             }
-            if start.is_some() && !self.word.is_empty() {
-                end = at;
-                break;
-            }
-            // A word made only of marks folds to nothing: not a token.
-            start = None;
-        }
-        let start = start?;
-        if self.word.is_empty() {
-            return None;
-        }
-        porter_into(&self.word, &mut self.stem);
+        };
         self.term.clear();
-        match std::str::from_utf8(&self.stem) {
-            Ok(stem) => self.term.push_str(stem),
-            Err(_) => self.term.push_str(&String::from_utf8_lossy(&self.stem)),
+        loop {
+            // A run of ASCII letters and digits, lowered at once.
+            let run = i;
+            while bytes
+                .get(i)
+                .is_some_and(|&b| b < 0x80 && ASCII_TOKEN[usize::from(b)])
+            {
+                i += 1;
+            }
+            let from = self.term.len();
+            self.term.push_str(&self.text[run..i]);
+            self.term[from..].make_ascii_lowercase();
+            match bytes.get(i) {
+                Some(&b) if b >= 0x80 => {
+                    let c = self.char_at(i);
+                    if !is_token_char(c) {
+                        break;
+                    }
+                    fold_into(c, &mut self.term);
+                    i += c.len_utf8();
+                }
+                _ => break,
+            }
         }
-        Some(start..end)
+        self.at = i;
+        Some(start..i)
+    }
+
+    fn char_at(&self, at: usize) -> char {
+        self.text[at..].chars().next().unwrap_or(' ')
     }
 
     /// The current term.
@@ -221,29 +276,56 @@ impl Cond {
 
 /// Apply the first rule whose suffix ends `word` (and is shorter than it); the
 /// suffix is replaced only when the condition holds. As SQLite does, only rules for
-/// the word's second-to-last letter are tried, in the listed order.
-fn apply(word: &mut Vec<u8>, rules: &[(&str, &str, Cond)]) {
+/// the word's second-to-last letter are tried, in the listed order (`ranges`: where
+/// each letter's rules are in `rules`).
+fn apply(word: &mut String, rules: &[Rule], ranges: &[(u8, u8); 128]) {
     let n = word.len();
     if n < 2 {
         return;
     }
-    let key = word[n - 2];
-    for (suffix, replacement, cond) in rules {
-        let s = suffix.as_bytes();
-        if s[s.len() - 2] != key {
-            continue;
-        }
-        if n > s.len() && word.ends_with(s) {
-            if cond.holds(&word[..n - s.len()]) {
-                word.truncate(n - s.len());
-                word.extend_from_slice(replacement.as_bytes());
+    let Some(&(from, to)) = ranges.get(usize::from(word.as_bytes()[n - 2])) else {
+        return;
+    };
+    for (suffix, replacement, cond) in &rules[usize::from(from)..usize::from(to)] {
+        if n > suffix.len() && word.ends_with(suffix) {
+            if cond.holds(&word.as_bytes()[..n - suffix.len()]) {
+                // The suffix is ASCII, so it starts a character.
+                word.truncate(n - suffix.len());
+                word.push_str(replacement);
             }
             return;
         }
     }
 }
 
-const STEP2: &[(&str, &str, Cond)] = &[
+type Rule = (&'static str, &'static str, Cond);
+
+/// For each second-to-last letter, the range of `rules` whose suffix has it (rules of
+/// one letter are listed together, as in SQLite's `switch`).
+const fn key_ranges(rules: &[Rule]) -> [(u8, u8); 128] {
+    let mut table = [(0u8, 0u8); 128];
+    let mut i = 0;
+    while i < rules.len() {
+        let suffix = rules[i].0.as_bytes();
+        let key = suffix[suffix.len() - 2] as usize;
+        assert!(table[key].1 == 0, "the rules of one letter must be listed together");
+        let start = i;
+        while i < rules.len() && {
+            let next = rules[i].0.as_bytes();
+            next[next.len() - 2] as usize == key
+        } {
+            i += 1;
+        }
+        table[key] = (start as u8, i as u8);
+    }
+    table
+}
+
+const STEP2_KEYS: [(u8, u8); 128] = key_ranges(STEP2);
+const STEP3_KEYS: [(u8, u8); 128] = key_ranges(STEP3);
+const STEP4_KEYS: [(u8, u8); 128] = key_ranges(STEP4);
+
+const STEP2: &[Rule] = &[
     ("ational", "ate", Cond::MGt0),
     ("tional", "tion", Cond::MGt0),
     ("enci", "ence", Cond::MGt0),
@@ -267,7 +349,7 @@ const STEP2: &[(&str, &str, Cond)] = &[
     ("biliti", "ble", Cond::MGt0),
 ];
 
-const STEP3: &[(&str, &str, Cond)] = &[
+const STEP3: &[Rule] = &[
     ("ical", "ic", Cond::MGt0),
     ("ness", "", Cond::MGt0),
     ("icate", "ic", Cond::MGt0),
@@ -277,7 +359,7 @@ const STEP3: &[(&str, &str, Cond)] = &[
     ("alize", "al", Cond::MGt0),
 ];
 
-const STEP4: &[(&str, &str, Cond)] = &[
+const STEP4: &[Rule] = &[
     ("al", "", Cond::MGt1),
     ("ance", "", Cond::MGt1),
     ("ence", "", Cond::MGt1),
@@ -299,40 +381,43 @@ const STEP4: &[(&str, &str, Cond)] = &[
     ("ize", "", Cond::MGt1),
 ];
 
-fn step1a(word: &mut Vec<u8>) {
-    let n = word.len();
-    if word[n - 1] != b's' {
+fn step1a(word: &mut String) {
+    let bytes = word.as_bytes();
+    let n = bytes.len();
+    if bytes[n - 1] != b's' {
         return;
     }
-    if word[n - 2] == b'e' {
-        if (n > 4 && word[n - 4] == b's' && word[n - 3] == b's') || (n > 3 && word[n - 3] == b'i') {
+    if bytes[n - 2] == b'e' {
+        if (n > 4 && bytes[n - 4] == b's' && bytes[n - 3] == b's') || (n > 3 && bytes[n - 3] == b'i')
+        {
             word.truncate(n - 2);
         } else {
             word.truncate(n - 1);
         }
-    } else if word[n - 2] != b's' {
+    } else if bytes[n - 2] != b's' {
         word.truncate(n - 1);
     }
 }
 
 /// Step 1b; true when "ed" or "ing" was removed.
-fn step1b(word: &mut Vec<u8>) -> bool {
-    let n = word.len();
-    match word[n - 2] {
+fn step1b(word: &mut String) -> bool {
+    let bytes = word.as_bytes();
+    let n = bytes.len();
+    match bytes[n - 2] {
         b'e' => {
-            if n > 3 && word.ends_with(b"eed") {
-                if m_gt0(&word[..n - 3]) {
+            if n > 3 && word.ends_with("eed") {
+                if m_gt0(&bytes[..n - 3]) {
                     word.truncate(n - 1);
                 }
                 false
-            } else if n > 2 && word.ends_with(b"ed") && has_vowel(&word[..n - 2]) {
+            } else if n > 2 && word.ends_with("ed") && has_vowel(&bytes[..n - 2]) {
                 word.truncate(n - 2);
                 true
             } else {
                 false
             }
         }
-        b'n' if n > 3 && word.ends_with(b"ing") && has_vowel(&word[..n - 3]) => {
+        b'n' if n > 3 && word.ends_with("ing") && has_vowel(&bytes[..n - 3]) => {
             word.truncate(n - 3);
             true
         }
@@ -340,54 +425,62 @@ fn step1b(word: &mut Vec<u8>) -> bool {
     }
 }
 
-fn step1b2(word: &mut Vec<u8>) -> bool {
+fn step1b2(word: &mut String) -> bool {
     let n = word.len();
     if n < 2 {
         return false;
     }
     for (suffix, replacement) in [("at", "ate"), ("bl", "ble"), ("iz", "ize")] {
-        if n > 2 && word.ends_with(suffix.as_bytes()) {
+        if n > 2 && word.ends_with(suffix) {
             word.truncate(n - 2);
-            word.extend_from_slice(replacement.as_bytes());
+            word.push_str(replacement);
             return true;
         }
     }
     false
 }
 
-/// SQLite's porter stemmer (`fts5PorterCb`): the stem of `token` into `word`.
-fn porter_into(token: &str, word: &mut Vec<u8>) {
-    let bytes = token.as_bytes();
-    word.clear();
-    word.extend_from_slice(bytes);
-    if bytes.len() > PORTER_MAX_TOKEN || bytes.len() < 3 {
+/// SQLite's porter stemmer (`fts5PorterCb`), applied to `word` in place. Every rule
+/// removes or replaces an ASCII suffix, so the word stays whole UTF-8; SQLite's one
+/// rule that may cut a character in two (a doubled last byte) is applied to ASCII only.
+fn porter(word: &mut String) {
+    if word.len() > PORTER_MAX_TOKEN || word.len() < 3 {
         return;
     }
     step1a(word);
     if step1b(word) && !step1b2(word) {
-        let n = word.len();
-        let c = word[n - 1];
-        if n >= 2 && !is_vowel(c, false) && !matches!(c, b'l' | b's' | b'z') && c == word[n - 2] {
+        let bytes = word.as_bytes();
+        let n = bytes.len();
+        let c = bytes[n - 1];
+        if n >= 2
+            && c.is_ascii()
+            && !is_vowel(c, false)
+            && !matches!(c, b'l' | b's' | b'z')
+            && c == bytes[n - 2]
+        {
             word.truncate(n - 1);
-        } else if m_eq1(word) && o_star(word) {
-            word.push(b'e');
+        } else if m_eq1(bytes) && o_star(bytes) {
+            word.push('e');
         }
     }
     let n = word.len();
-    if word[n - 1] == b'y' && has_vowel(&word[..n - 1]) {
-        word[n - 1] = b'i';
+    if word.ends_with('y') && has_vowel(&word.as_bytes()[..n - 1]) {
+        word.truncate(n - 1);
+        word.push('i');
     }
-    apply(word, STEP2);
-    apply(word, STEP3);
-    apply(word, STEP4);
-    let n = word.len();
-    if word[n - 1] == b'e'
-        && (m_gt1(&word[..n - 1]) || (m_eq1(&word[..n - 1]) && !o_star(&word[..n - 1])))
+    apply(word, STEP2, &STEP2_KEYS);
+    apply(word, STEP3, &STEP3_KEYS);
+    apply(word, STEP4, &STEP4_KEYS);
+    let bytes = word.as_bytes();
+    let n = bytes.len();
+    if bytes[n - 1] == b'e'
+        && (m_gt1(&bytes[..n - 1]) || (m_eq1(&bytes[..n - 1]) && !o_star(&bytes[..n - 1])))
     {
         word.truncate(n - 1);
     }
-    let n = word.len();
-    if n > 1 && word[n - 1] == b'l' && word[n - 2] == b'l' && m_gt1(&word[..n - 1]) {
+    let bytes = word.as_bytes();
+    let n = bytes.len();
+    if n > 1 && bytes[n - 1] == b'l' && bytes[n - 2] == b'l' && m_gt1(&bytes[..n - 1]) {
         word.truncate(n - 1);
     }
 }
@@ -406,6 +499,84 @@ mod tests {
         assert!(!contains_phrase("big brown", &phrase));
         assert!(contains_phrase("a a a b", &terms("a a b")));
         assert!(contains_phrase("anything", &[]));
+    }
+
+    /// The first implementation (a `char_indices` loop), kept as the reference for the
+    /// byte-table one.
+    fn reference_terms(text: &str) -> Vec<(std::ops::Range<usize>, String)> {
+        let mut out = Vec::new();
+        let mut chars = text.char_indices();
+        let mut word = String::new();
+        loop {
+            word.clear();
+            let mut start = None;
+            let mut end = text.len();
+            for (at, c) in chars.by_ref() {
+                if c.is_ascii() {
+                    if c.is_ascii_alphanumeric() {
+                        start.get_or_insert(at);
+                        word.push(c.to_ascii_lowercase());
+                        continue;
+                    }
+                } else if is_token_char(c) {
+                    start.get_or_insert(at);
+                    fold_into(c, &mut word);
+                    continue;
+                }
+                if start.is_some() && !word.is_empty() {
+                    end = at;
+                    break;
+                }
+                start = None;
+            }
+            let Some(start) = start else {
+                return out;
+            };
+            if word.is_empty() {
+                return out;
+            }
+            let mut stem = word.clone();
+            porter(&mut stem);
+            out.push((start..end, stem));
+        }
+    }
+
+    #[test]
+    fn terms_match_the_reference_implementation() {
+        let mut texts: Vec<String> = [
+            "",
+            "   ",
+            "Wombats, running! Café déjà-vu; don't c++ snake_case",
+            "a\u{301}\u{301} \u{301}\u{301} x\u{301}y Ångström ÉCOLE straße İstanbul",
+            "日本語のテキスト、中文。 emoji 🙂 mixed-ñ 12abc 3.14 x²",
+            "\u{e000}private\u{f8ff} tab\tnew\nline\r\n end",
+            "trailing word",
+            "\u{301}",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        // Pseudo-random mixes of the pieces above.
+        let pieces: Vec<char> = "aZ9 _-.,\u{301}é日🙂\u{e000}ß\tİ".chars().collect();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..500 {
+            let mut text = String::new();
+            for _ in 0..40 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                text.push(pieces[(seed % pieces.len() as u64) as usize]);
+            }
+            texts.push(text);
+        }
+        for text in &texts {
+            let mut ours = Vec::new();
+            let mut stream = Terms::new(text);
+            while let Some(range) = stream.advance() {
+                ours.push((range, stream.term().to_string()));
+            }
+            assert_eq!(ours, reference_terms(text), "{text:?}");
+        }
     }
 
     #[test]
