@@ -191,6 +191,11 @@ impl Drop for Shim {
     }
 }
 
+/// How long a client waits for one answer. A cold index of 100k pages answers its first
+/// call only after the catch-up: over 120 s on a loaded 2-core machine with FTS5 alone
+/// (the read then failed with EAGAIN, os error 11, and the run was lost).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(900);
+
 /// A client on the daemon's socket that does the shim's handshake itself.
 pub type Direct = LineChannel<UnixStream, BufReader<UnixStream>>;
 
@@ -198,7 +203,7 @@ pub type Direct = LineChannel<UnixStream, BufReader<UnixStream>>;
 pub fn connect_direct(socket: &Path, slug: &str) -> Result<Direct> {
     let stream = UnixStream::connect(socket)
         .with_context(|| format!("cannot connect to {}", socket.display()))?;
-    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    stream.set_read_timeout(Some(ANSWER_TIMEOUT))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
     let hello = Hello {
@@ -323,7 +328,7 @@ impl Http {
         let stream =
             TcpStream::connect(address).with_context(|| format!("cannot connect to {address}"))?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+        stream.set_read_timeout(Some(ANSWER_TIMEOUT))?;
         Ok(Http {
             host,
             path: format!("/mcp/{slug}"),
