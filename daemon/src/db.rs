@@ -308,6 +308,20 @@ CREATE TRIGGER files_count_move AFTER UPDATE OF workspace, layer, path ON files
             conflicts = conflicts + (new.path LIKE '%.conflict-%');
 END;
 "#,
+    // 10: the chunks' text in a plain table (issue 15). The search index (tantivy,
+    // `index/engine.rs`) is the only full-text index; FTS5 indexed every chunk a second
+    // time, in every write's transaction and every cold index. Rowids are kept.
+    r#"
+CREATE TABLE chunks_text (
+    id INTEGER PRIMARY KEY,
+    page INTEGER,
+    heading TEXT,
+    body TEXT NOT NULL
+);
+INSERT INTO chunks_text(id, page, heading, body) SELECT rowid, page, heading, body FROM chunks;
+DROP TABLE chunks;
+ALTER TABLE chunks_text RENAME TO chunks;
+"#,
 ];
 
 /// What opening `state.db` found and did, for the log and `daemon status`.
@@ -714,7 +728,7 @@ mod tests {
     }
 
     #[test]
-    fn migrations_apply_once_and_fts5_works() {
+    fn migrations_apply_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let pool = open(&dir.path().join("state.db"), Duration::from_secs(1)).expect("open");
         let mut connection = pool.get().expect("conn");
@@ -729,18 +743,61 @@ mod tests {
                 [],
             )
             .expect("insert");
-        let hits: i64 = connection
-            .query_row(
-                "SELECT count(*) FROM chunks WHERE chunks MATCH 'hello'",
-                [],
-                |r| r.get(0),
-            )
-            .expect("match");
-        assert_eq!(hits, 1);
         let mode: String = connection
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .expect("mode");
         assert_eq!(mode, "wal");
+    }
+
+    /// Migration 10 keeps the chunks (rowid, page, heading, text) that FTS5 held, as a
+    /// plain table, and drops FTS5's own tables.
+    #[test]
+    fn chunks_move_out_of_fts5() {
+        let mut connection = Connection::open_in_memory().expect("db");
+        let before = MIGRATIONS
+            .iter()
+            .position(|m| m.contains("CREATE TABLE chunks_text"))
+            .expect("the chunks migration");
+        for migration in &MIGRATIONS[..before] {
+            connection.execute_batch(migration).expect("migration");
+        }
+        connection
+            .pragma_update(None, "user_version", before as i64)
+            .expect("version");
+        let rows = [
+            ((7i64 << 20) | 1, Some(3i64), "Guide > Install", "some text"),
+            (7i64 << 20, None, "", "other words"),
+        ];
+        for (rowid, page, heading, body) in rows {
+            connection
+                .execute(
+                    "INSERT INTO chunks(rowid, page, heading, body) VALUES (?1, ?2, ?3, ?4)",
+                    rusqlite::params![rowid, page, heading, body],
+                )
+                .expect("insert");
+        }
+        migrate(&mut connection).expect("migrate");
+        let moved: Vec<(i64, Option<i64>, String, String)> = connection
+            .prepare("SELECT rowid, page, heading, body FROM chunks ORDER BY rowid DESC")
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        let expected: Vec<(i64, Option<i64>, String, String)> = rows
+            .iter()
+            .map(|(r, p, h, b)| (*r, *p, h.to_string(), b.to_string()))
+            .collect();
+        assert_eq!(moved, expected);
+        let fts5_tables: i64 = connection
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name LIKE 'chunks_%' OR sql LIKE '%fts5%'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("count");
+        assert_eq!(fts5_tables, 0);
+        assert!(schema_differences(&connection).expect("schema").is_empty());
     }
 
     fn populated(path: &Path) {

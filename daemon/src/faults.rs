@@ -10,8 +10,12 @@
 //!   its commit), so a test can put or edit a file there in between.
 //! - `delay:late:<ms>`: the watcher of replaced pages (`commit/late.rs`) looks only
 //!   every `<ms>`, so a test can kill the daemon before it notices a late save.
+//! - `delay:search-index-commit:<ms>`: sleep before the search index commits a bulk
+//!   load (a cold build), so a test can search while it is being built;
+//!   `delay:search-wait:<ms>`: how long a search waits for the index (instead of 20 s).
 //! - `crash:<point>`: kill the process when execution reaches `<point>` (used by the
-//!   write path's crash-safety tests).
+//!   write path's crash-safety tests; `search-index-bulk-commit`: before the search
+//!   index commits a bulk load).
 //! - `panic:<tool>`: panic inside `<tool>` (the daemon must survive it).
 //! - `fail:<point>`: fail with an I/O error when execution reaches `<point>`
 //!   (`fail:commit_outside`: committing a version found in place of the planned one).

@@ -1,10 +1,12 @@
 //! The ranked search index (issue 15): a write is found by the next search, before and
 //! after the index commits it; deletes drop out at once; a lost or damaged index is
-//! rebuilt from state.db at start, with search answering meanwhile.
+//! rebuilt from state.db (at start, or when its directory is deleted while the daemon
+//! runs); a search during a build waits for it, or says the results are incomplete;
+//! the query language is FTS5's, as before the index.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use alexandria_tests::{Env, RawShim, wait_until};
+use alexandria_tests::{Env, RawShim, error_code, process_alive, wait_until};
 use serde_json::{Value, json};
 
 struct Session {
@@ -79,6 +81,17 @@ impl Session {
             status["ready"] == true && status["queued"] == 0
         });
         assert!(ready, "search index not ready: {status}");
+    }
+
+    /// A search whose result is an error: its code.
+    fn error(&mut self, query: &str) -> String {
+        self.id += 1;
+        let reply = self.shim.request(
+            self.id,
+            "tools/call",
+            json!({"name": "search", "arguments": {"query": query}}),
+        );
+        error_code(&reply["result"]).unwrap_or_default().to_string()
     }
 
     fn write(&mut self, path: &str, content: &str) {
@@ -213,18 +226,10 @@ fn search_index_survives_a_kill_and_a_lost_state_db() {
     assert_eq!(session.found("kelp"), paths(&["c.md"]));
 }
 
-/// The index is on by default. A daemon killed in the middle of its first build (more
-/// pages than the overlay takes: a bulk load, committed only at its end) answers the
-/// same after a restart, before and after the index has caught up; a phrase whose
-/// word pairs are all in a page, but not together, is not found.
-#[test]
-fn search_index_killed_mid_build_catches_up() {
-    let env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
-    env.ok(&["daemon", "stop"]);
+/// Pages for a cold build: every 7th holds "quokka", every 11th the phrase "red kelp
+/// forest", the page after it both of its word pairs but never the phrase.
+fn write_pages(env: &Env, pages: usize) -> (Vec<String>, Vec<String>) {
     let wiki = env.workspace_dir("lab").join("wiki");
-    let pages = 1_500;
     let (mut quokkas, mut phrases) = (Vec::new(), Vec::new());
     for i in 0..pages {
         let mut text = format!("# Page {i}\n\nSome words about burrows and the sea, page {i}.\n");
@@ -236,13 +241,25 @@ fn search_index_killed_mid_build_catches_up() {
             text.push_str("Under the red kelp forest.\n");
             phrases.push(format!("wiki/p{i}.md"));
         } else if i % 11 == 1 {
-            // Both pairs of the phrase, never the phrase.
             text.push_str("The red kelp, and a kelp forest.\n");
         }
         std::fs::write(wiki.join(format!("p{i}.md")), text).expect("write page");
     }
     quokkas.sort();
     phrases.sort();
+    (quokkas, phrases)
+}
+
+/// A daemon killed in the middle of its first build (right before it commits the bulk
+/// load) answers the same after a restart, before and after the index has caught up;
+/// a phrase whose word pairs are all in a page, but not together, is not found.
+#[test]
+fn search_index_killed_mid_build_catches_up() {
+    let mut env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    env.ok(&["daemon", "stop"]);
+    let (quokkas, phrases) = write_pages(&env, 1_500);
     let check = |session: &mut Session, when: &str| {
         assert_eq!(session.found_all("quokka"), quokkas, "{when}");
         assert_eq!(session.found_all("\"red kelp forest\""), phrases, "{when}");
@@ -253,19 +270,33 @@ fn search_index_killed_mid_build_catches_up() {
         );
     };
 
-    let mut session = Session::open(&env);
-    // The first search waits for the catch-up with the disk (FTS5 answers); the index
-    // commits its bulk load no sooner than a second after the queue went quiet.
-    check(&mut session, "before the index is built");
-    let status = session.index_status();
+    env.faults = Some("crash:search-index-bulk-commit".into());
+    let mut shim = env.raw_shim(Some("lab"));
+    shim.initialize("2025-06-18");
+    let mut pid = None;
     assert!(
-        status["ready"] == false || status["queued"] != 0,
-        "the index was already built: {status}"
+        wait_until(Duration::from_secs(30), || {
+            pid = env.daemon_pid();
+            pid.is_some()
+        }),
+        "no daemon"
     );
-    drop(session);
-    env.kill_daemon();
+    let pid = pid.expect("pid");
+    assert!(
+        wait_until(Duration::from_secs(60), || !process_alive(pid)),
+        "the daemon never reached the commit of its first build"
+    );
+    drop(shim);
+    assert!(
+        !env.home.join("search-index/meta.json").exists()
+            || std::fs::read_to_string(env.home.join("search-index/meta.json"))
+                .is_ok_and(|m| !m.contains("alexandria-search")),
+        "the index was committed before the kill"
+    );
 
+    env.faults = None;
     let mut session = Session::open(&env);
+    // The first search waits for the build.
     check(&mut session, "after the kill");
     session.wait_for_index();
     check(&mut session, "once the index caught up");
@@ -278,21 +309,142 @@ fn search_index_killed_mid_build_catches_up() {
     check(&mut session, "after a restart");
 }
 
-/// `ALEXANDRIA_SEARCH_INDEX=off` leaves every search to FTS5: no index is opened.
+/// A home whose daemon is stopped, with `pages` new pages and no search index: the
+/// next daemon builds it from scratch.
+fn home_to_build(pages: usize) -> (Env, Vec<String>) {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    env.ok(&["daemon", "stop"]);
+    let (quokkas, _) = write_pages(&env, pages);
+    std::fs::remove_dir_all(env.home.join("search-index")).expect("remove the index");
+    (env, quokkas)
+}
+
+/// A search that comes while the index is being built waits for it and answers in
+/// full (the build's commit is held back 1.5 s).
 #[test]
-fn search_index_can_be_turned_off() {
-    let mut env = Env::new();
-    env.vars
-        .push(("ALEXANDRIA_SEARCH_INDEX".into(), Some("off".into())));
+fn a_search_during_the_cold_build_waits_for_the_index() {
+    let (mut env, quokkas) = home_to_build(1_200);
+    env.faults = Some("delay:search-index-commit:1500".into());
+    let mut session = Session::open(&env);
+    let status = session.index_status();
+    assert_eq!(status["ready"], false, "{status}");
+    let started = Instant::now();
+    let result = session.call("search", json!({"query": "quokka", "limit": 1000}));
+    let waited = started.elapsed();
+    let mut found: Vec<String> = result["structuredContent"]["hits"]
+        .as_array()
+        .expect("hits")
+        .iter()
+        .map(|h| h["path"].as_str().expect("path").to_string())
+        .collect();
+    found.sort();
+    assert_eq!(found, quokkas);
+    assert!(
+        result["structuredContent"]["indexing"].is_null(),
+        "{}",
+        result["structuredContent"]
+    );
+    assert!(
+        waited >= Duration::from_millis(500),
+        "answered after {waited:?}: before the index was built?"
+    );
+}
+
+/// A search that waits longer than it may (here 0.3 s, while the build's commit is held
+/// back 4 s) answers from what the index holds and says the results are incomplete;
+/// once the index is built, in full.
+#[test]
+fn a_search_that_cannot_wait_says_its_results_are_incomplete() {
+    let (mut env, quokkas) = home_to_build(1_200);
+    env.faults = Some("delay:search-index-commit:4000,delay:search-wait:300".into());
+    let mut session = Session::open(&env);
+    let result = session.call("search", json!({"query": "quokka", "limit": 1000}));
+    assert_eq!(
+        result["structuredContent"]["indexing"], true,
+        "{}",
+        result["structuredContent"]
+    );
+    let text = result["content"][0]["text"].as_str().expect("text");
+    assert!(text.contains("still being built"), "{text}");
+    session.wait_for_index();
+    assert_eq!(session.found_all("quokka"), quokkas);
+}
+
+/// The index directory deleted while the daemon runs: a write is still found at once,
+/// and the index is rebuilt from state.db (the indexer finds it gone at its next
+/// commit), here and after a restart.
+#[test]
+fn an_index_deleted_while_the_daemon_runs_is_rebuilt() {
+    let env = Env::new();
     env.ok(&["init"]);
     env.ok(&["workspace", "create", "lab"]);
     let mut session = Session::open(&env);
+    session.wait_for_index();
     session.write("wiki/a.md", "# A\n\nA burrow of wombats.\n");
-    assert_eq!(session.found("burrow"), paths(&["a.md"]));
-    let status = session.index_status();
-    assert!(
-        status["ready"] == false && status["queued"].is_null(),
-        "{status}"
+    session.wait_for_index();
+    std::fs::remove_dir_all(env.home.join("search-index")).expect("remove the index");
+    session.write("wiki/b.md", "# B\n\nA second burrow.\n");
+    let expected = paths(&["a.md", "b.md"]);
+    assert_eq!(session.found("burrow"), expected);
+    session.wait_for_index();
+    assert!(env.home.join("search-index/meta.json").exists());
+    assert_eq!(session.found("burrow"), expected);
+    session.write("wiki/c.md", "# C\n\nA third burrow.\n");
+    session.wait_for_index();
+    let expected = paths(&["a.md", "b.md", "c.md"]);
+    assert_eq!(session.found("burrow"), expected);
+    drop(session);
+    env.ok(&["daemon", "stop"]);
+    let mut session = Session::open(&env);
+    assert_eq!(session.found("burrow"), expected);
+}
+
+/// The query language is FTS5's, as before the index: phrases, prefixes, OR, NOT,
+/// NEAR, column filters; malformed input is `invalid_query`.
+#[test]
+fn search_takes_the_query_language_as_before() {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let mut session = Session::open(&env);
+    session.write(
+        "wiki/a.md",
+        "# A\n\nThe wombats were running through the big burrow.\n",
     );
-    assert!(!env.home.join("search-index").exists());
+    session.write(
+        "wiki/b.md",
+        "# B\n\nA burrow, big and deep, and kelp nearby.\n",
+    );
+    session.write("wiki/c.md", "# C\n\nKelp forests. Running water.\n");
+    for when in ["at once", "once committed"] {
+        if when != "at once" {
+            session.wait_for_index();
+        }
+        for (query, expected) in [
+            ("burrow", &["a.md", "b.md"][..]),
+            ("\"big burrow\"", &["a.md"]),
+            ("\"burrow big\"", &["b.md"]),
+            ("run*", &["a.md", "c.md"]),
+            ("\"the big bur\" *", &["a.md"]),
+            ("kelp OR wombat", &["a.md", "b.md", "c.md"]),
+            ("burrow NOT kelp", &["a.md"]),
+            ("(kelp OR wombat) NOT running", &["b.md"]),
+            ("NEAR(burrow kelp, 5)", &["b.md"]),
+            ("NEAR(burrow kelp, 1)", &[]),
+            ("body:(kelp)", &["b.md", "c.md"]),
+            ("-heading:(kelp)", &["b.md", "c.md"]),
+            ("heading:(kelp)", &[]),
+            // No syntax: the words of "body:kelp", as before.
+            ("body:kelp", &[]),
+            ("wombats + were", &["a.md"]),
+            ("\"+++\" kelp", &["b.md", "c.md"]),
+        ] {
+            assert_eq!(session.found(query), paths(expected), "{query} ({when})");
+        }
+        for query in ["\"unbalanced", "burrow AND", "nosuchcolumn:(kelp)", "(kelp"] {
+            assert_eq!(session.error(query), "invalid_query", "{query} ({when})");
+        }
+    }
 }

@@ -1,54 +1,72 @@
-//! The ranked search index (issue 15): tantivy, whose top-k collector skips blocks of
+//! The search index (issue 15): tantivy, whose top-k collection skips blocks of
 //! postings that cannot reach the k best (block-max WAND), so a word found in every
-//! page costs what a rare one does. FTS5 `bm25()` scores every match before `LIMIT`.
+//! page costs what a rare one does. It is the only full-text index: `state.db` holds
+//! the chunks' text (`chunks`) and what to index, not a second index of its own.
 //!
 //! `state.db` stays the system of record. A trigger on `files` queues every change of
 //! a file's row in `search_outbox` inside the writer's own transaction (no search-index
 //! commit in a write). A background thread applies the queue in batches and commits
-//! tantivy with the last applied sequence and the database's generation as the commit
-//! payload. Files queued since that commit are searched in a small in-memory overlay
-//! (built from SQLite when a search needs it) and left out of the committed index, so
-//! an acknowledged write is found by the next search. On start the queue is replayed
-//! from the payload's sequence; an index from another `state.db` (or none, or one that
-//! cannot be opened) is rebuilt from SQLite. Until the index is ready, for a query it
-//! cannot express, or while too much is queued, search uses FTS5 as before.
+//! tantivy with the last applied sequence, the database's generation and the common
+//! words (below) as the commit payload. Files queued since that commit are searched in
+//! a small in-memory overlay (built from SQLite when a search needs it) and left out of
+//! the committed index, so an acknowledged write is found by the next search. On start
+//! the queue is replayed from the payload's sequence; an index from another
+//! `state.db` (or none, or one that cannot be opened) is rebuilt from SQLite. A search
+//! that comes while the index is being built (a cold start, a rebuild, more queued than
+//! the overlay takes) waits for it, up to `SEARCH_WAIT`, then answers from what is
+//! committed and says so (`Answer::indexing`).
 //!
 //! A bulk load (a cold index, a rebuild) is handed to tantivy as it is queued and
-//! committed once, when the queue goes quiet; tantivy's own queue is kept short
-//! (`IN_FLIGHT`) and freed memory is handed back after commits (`release_memory`), so
-//! the daemon's memory after a cold build is about what it was before it.
+//! committed once, as soon as the catch-up with the disk is over; tantivy's own queue is
+//! kept short (`IN_FLIGHT`) and freed memory is handed back after commits
+//! (`release_memory`), so the daemon's memory after a cold build is about what it was
+//! before it.
 //!
-//! Terms are made by `tokens.rs` the way FTS5 makes them (our tokenizer, inside
-//! tantivy's indexing thread); a phrase is looked up in a field of word pairs ("a b"),
-//! so a phrase of common words is a term or two, not a position check in every page
-//! holding the words. Snippets are made from the hit's stored text (`snippet.rs`).
+//! Terms are made by `tokens.rs` (FTS5's `porter unicode61 remove_diacritics 2`) inside
+//! tantivy's indexing thread, with positions. A phrase is a position check, which costs
+//! what its rarest word's postings do; so for the words common enough that this is
+//! slow (`Common`: in at least `COMMON_SHARE` of the chunks of a sample, chosen when the
+//! index is rebuilt and again when it has grown `GROWTH` times), the index also holds
+//! each pair of neighbouring common words as one term, at the position of the first: a
+//! phrase of common words is then a term or two. Snippets are made from the hit's
+//! stored text (`snippet.rs`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
-use tantivy::collector::TopDocs;
 use tantivy::directory::{MmapDirectory, RamDirectory};
 use tantivy::indexer::{IndexWriterOptions, LogMergePolicy, NoMergePolicy};
-use tantivy::query::{Bm25StatisticsProvider, BooleanQuery, Occur, Query, TermQuery};
+use tantivy::query::{
+    Bm25StatisticsProvider, BooleanQuery, EmptyQuery, EnableScoring, Occur, PhraseQuery, Query,
+    Scorer, TermQuery, Weight,
+};
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
 };
 use tantivy::tokenizer::{Token, TokenStream, Tokenizer, TokenizerManager};
-use tantivy::{DocAddress, Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, Term};
+use tantivy::{
+    DocId, DocSet, Index, IndexReader, IndexWriter, ReloadPolicy, Score, Searcher, Term,
+};
 
+use super::query::{Expr, Phrase, Word};
 use super::search::{Hit, SearchQuery};
 use super::tokens;
 use crate::db::Pool;
 use crate::workspace::Store;
 
 /// Bumped when the schema or the terms change: an index with another one is rebuilt.
-const FORMAT: u32 = 3;
+const FORMAT: u32 = 4;
 /// Writer memory: the terms held before a segment is written (tantivy's floor is 15 MB).
-const WRITER_BUDGET: usize = 32_000_000;
+/// A segment written sorts its terms, builds their dictionary and the postings' block
+/// maxima: with 32 MB, a cold index of 10k pages wrote one every few thousand pages and
+/// spent a third more CPU than with 128 MB. Freed (and handed back) once written.
+const WRITER_BUDGET: usize = 128_000_000;
+/// tantivy's indexing threads (`Engine::writer`).
+const INDEXING_THREADS: usize = 2;
 /// Documents handed to tantivy's indexing thread and not tokenized yet. tantivy queues
 /// up to 10,000; with each page's text that is tens of MiB the process keeps (glibc
 /// does not give freed memory back on its own).
@@ -56,8 +74,9 @@ const IN_FLIGHT: u64 = 256;
 /// The indexing thread took no document for this long: the batch is rolled back and
 /// tried again.
 const STALLED: Duration = Duration::from_secs(30);
-/// How often the indexer looks at the queue.
+/// How often the indexer looks at the queue (in a bulk load: `BULK_POLL`).
 const POLL: Duration = Duration::from_millis(250);
+const BULK_POLL: Duration = Duration::from_millis(10);
 /// Queue entries read from SQLite at a time.
 const BATCH: i64 = 2_000;
 /// While writes keep coming, the index commits once this many entries wait, or after
@@ -65,10 +84,12 @@ const BATCH: i64 = 2_000;
 const COMMIT_ENTRIES: i64 = 64;
 const COMMIT_AFTER: Duration = Duration::from_secs(1);
 /// A bulk load (a cold index, a big outside change: more queued than the overlay
-/// takes, so search uses FTS5 meanwhile) is committed once the queue stays quiet for
-/// `BULK_QUIET`, or every `BULK_COMMIT_AFTER`: one segment set and one sync instead of
-/// one per poll, and no merges while it runs.
+/// takes) is committed once the queue is drained and no catch-up with the disk is
+/// under way (or a search waits), else once it stays quiet for `BULK_QUIET`, or every
+/// `BULK_COMMIT_AFTER`: one segment set and one sync instead of one per poll, and no
+/// merges while it runs.
 const BULK_QUIET: Duration = Duration::from_secs(1);
+const BULK_SETTLED: Duration = Duration::from_millis(100);
 const BULK_COMMIT_AFTER: Duration = Duration::from_secs(60);
 /// Memory freed by indexing is handed back to the system this long after a commit
 /// (again after `TRIM_LATE`, when merges started by the commit are likely done).
@@ -77,13 +98,27 @@ const TRIM_LATE: Duration = Duration::from_secs(30);
 /// Committed queue entries are deleted once this many piled up, or after `TRIM_AFTER`.
 const TRIM_EVERY: i64 = 5_000;
 const TRIM_AFTER: Duration = Duration::from_secs(30);
-/// More files queued than this and search uses FTS5 until the indexer catches up.
+/// More files queued than this and a search waits for the indexer to commit them.
 const OVERLAY_MAX_FILES: usize = 1_000;
-/// Terms longer than this (bytes) are left out; a query naming one goes to FTS5.
+/// How long a search waits for the index to be built or to catch up before it answers
+/// from what the index holds (and says it is incomplete).
+pub const SEARCH_WAIT: Duration = Duration::from_secs(20);
+/// Terms longer than this (bytes) are left out of the index.
 const MAX_TERM: usize = 255;
-/// Candidates fetched from the index beyond the hits needed stop growing here; past it
-/// (a narrow path scope over a common word) FTS5 answers.
-const MAX_CANDIDATES: usize = 1 << 16;
+/// A word is common (its pairs are indexed) when it is in at least this share of the
+/// chunks of the sample, and in two of them at least.
+const COMMON_SHARE: f64 = 0.02;
+/// The sample the common words are chosen from: chunks of files spread over the
+/// catalogue; a rebuild during the first catch-up waits until this many are there.
+const SAMPLE_CHUNKS: usize = 4_000;
+const SAMPLE_FILES: i64 = 1_000;
+/// At most this many common words (the most frequent).
+const COMMON_MAX: usize = 4_096;
+/// The index is rebuilt (common words chosen again) once it holds this many times the
+/// chunks it held when they were chosen.
+const GROWTH: u64 = 4;
+/// Marks a pair term, so that it never starts with a word's letters (prefix search).
+const PAIR_MARK: char = '\u{1}';
 
 type Result<T> = std::result::Result<T, EngineError>;
 
@@ -110,58 +145,178 @@ struct Fields {
     workspace: Field,
     layer: Field,
     body: Field,
-    pairs: Field,
 }
 
 fn schema() -> (Schema, Fields) {
     let mut builder = Schema::builder();
     let file_id = builder.add_u64_field("file_id", INDEXED | FAST);
     let rowid = builder.add_u64_field("rowid", FAST);
-    let workspace = builder.add_text_field("workspace", STRING);
-    let layer = builder.add_text_field("layer", STRING);
-    let text = |tokenizer, record| {
+    // Fast too: a search of a workspace holding most of the index checks it per hit
+    // instead of intersecting with its postings (`Filters`).
+    let workspace = builder.add_text_field("workspace", STRING | FAST);
+    let layer = builder.add_text_field("layer", STRING | FAST);
+    let body = builder.add_text_field(
+        "body",
         TextOptions::default().set_indexing_options(
             TextFieldIndexing::default()
-                .set_tokenizer(tokenizer)
-                .set_index_option(record),
-        )
-    };
-    let body = builder.add_text_field("body", text(TERMS, IndexRecordOption::WithFreqs));
-    // Pairs without positions: a phrase of three words or more is its pairs ANDed,
-    // then checked in the chunk's text (`Engine::search`). Positions made the pairs
-    // the costliest part of a build.
-    let pairs = builder.add_text_field("pairs", text(PAIRS, IndexRecordOption::WithFreqs));
+                .set_tokenizer(TERMS)
+                .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+        ),
+    );
     let fields = Fields {
         file_id,
         rowid,
         workspace,
         layer,
         body,
-        pairs,
     };
     (builder.build(), fields)
 }
 
-/// Names of our tokenizers in tantivy's registry.
+/// Our tokenizer's name in tantivy's registry.
 const TERMS: &str = "alexandria-terms";
-const PAIRS: &str = "alexandria-pairs";
 
-/// tantivy's view of `tokens::Terms`: every term of a text (`TERMS`), or every pair of
-/// neighbouring terms (`PAIRS`), each pair at the position of its first word. Terms
-/// longer than `MAX_TERM` are left out (and the pairs holding them). The terms
-/// tokenizer counts the texts it started on: the indexer's throttle (`IN_FLIGHT`).
+/// The words whose pairs the index holds.
+#[derive(Debug, Default)]
+pub struct Common {
+    words: HashSet<String, BuildFx>,
+}
+
+impl Common {
+    fn contains(&self, term: &str) -> bool {
+        !self.words.is_empty() && self.words.contains(term)
+    }
+}
+
+/// FxHash (rustc's): a few instructions per short string, which a set looked up for
+/// every term indexed needs (SipHash cost a third of the tokenizer).
+#[derive(Clone, Copy, Default)]
+struct BuildFx;
+
+impl std::hash::BuildHasher for BuildFx {
+    type Hasher = rustc_hash::FxHasher;
+    fn build_hasher(&self) -> rustc_hash::FxHasher {
+        rustc_hash::FxHasher::default()
+    }
+}
+
+/// The pair term of two neighbouring words.
+fn pair(first: &str, second: &str) -> String {
+    let mut text = String::with_capacity(first.len() + second.len() + 2);
+    text.push(PAIR_MARK);
+    text.push_str(first);
+    text.push(' ');
+    text.push_str(second);
+    text
+}
+
+/// tantivy's view of `tokens::Terms`: every term of a text at its position, and each
+/// pair of neighbouring common words at the position of the first. Terms longer than
+/// `MAX_TERM` are left out. Counts the texts it started on: the indexer's throttle
+/// (`IN_FLIGHT`).
 #[derive(Clone)]
 struct TermTokenizer {
-    pairs: bool,
+    common: Arc<RwLock<Arc<Common>>>,
     started: Arc<AtomicU64>,
+    stems: Stems,
+}
+
+/// Words already stemmed by this tokenizer (one per segment being written), with
+/// whether each is common: most words of a text are words seen before, and looking one
+/// up costs a fraction of stemming it and of the lookup in `Common`. Direct-mapped, each
+/// slot holding its word and stem inline (a cache line), so a look-up touches one line:
+/// a `HashMap<String, _>` of them cost a fifth of the indexing thread at 100k pages,
+/// most of it reaching the keys' heap memory.
+struct Stems {
+    /// The common words the flags were taken from.
+    common: Option<Arc<Common>>,
+    slots: Vec<Slot>,
+}
+
+/// Words and stems up to this many bytes are cached.
+const SLOT_BYTES: usize = 22;
+const SLOTS: usize = 8192;
+
+#[derive(Clone, Copy)]
+struct Slot {
+    /// 0: empty.
+    word_len: u8,
+    stem_len: u8,
+    common: bool,
+    word: [u8; SLOT_BYTES],
+    stem: [u8; SLOT_BYTES],
+}
+
+const EMPTY_SLOT: Slot = Slot {
+    word_len: 0,
+    stem_len: 0,
+    common: false,
+    word: [0; SLOT_BYTES],
+    stem: [0; SLOT_BYTES],
+};
+
+impl Stems {
+    fn new() -> Stems {
+        Stems {
+            common: None,
+            slots: vec![EMPTY_SLOT; SLOTS],
+        }
+    }
+
+    fn slot(word: &str) -> usize {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = BuildFx.build_hasher();
+        hasher.write(word.as_bytes());
+        (hasher.finish() as usize) & (SLOTS - 1)
+    }
+
+    /// The stem of `word` (into `stem`) and whether it is common, if cached.
+    fn get(&self, word: &str, stem: &mut String) -> Option<bool> {
+        let slot = &self.slots[Stems::slot(word)];
+        let length = usize::from(slot.word_len);
+        if length == 0 || length != word.len() || &slot.word[..length] != word.as_bytes() {
+            return None;
+        }
+        stem.clear();
+        stem.push_str(std::str::from_utf8(&slot.stem[..usize::from(slot.stem_len)]).ok()?);
+        Some(slot.common)
+    }
+
+    fn put(&mut self, word: &str, stem: &str, common: bool) {
+        if word.is_empty() || word.len() > SLOT_BYTES || stem.len() > SLOT_BYTES {
+            return;
+        }
+        let slot = &mut self.slots[Stems::slot(word)];
+        slot.word_len = word.len() as u8;
+        slot.stem_len = stem.len() as u8;
+        slot.common = common;
+        slot.word[..word.len()].copy_from_slice(word.as_bytes());
+        slot.stem[..stem.len()].copy_from_slice(stem.as_bytes());
+    }
+
+    fn clear(&mut self) {
+        self.slots.fill(EMPTY_SLOT);
+    }
+}
+
+impl Clone for Stems {
+    fn clone(&self) -> Stems {
+        Stems::new()
+    }
 }
 
 struct TermStream<'a> {
     terms: tokens::Terms<'a>,
-    pairs: bool,
+    stems: &'a mut Stems,
     /// Terms seen so far.
     count: usize,
+    /// The previous term, when it is common (`previous_common`).
     previous: String,
+    previous_common: bool,
+    /// The current term is still to be given (after its pair).
+    word_due: bool,
+    /// The current term (`token.text` holds the pair before it).
+    term: String,
     token: Token,
 }
 
@@ -169,47 +324,93 @@ impl Tokenizer for TermTokenizer {
     type TokenStream<'a> = TermStream<'a>;
 
     fn token_stream<'a>(&'a mut self, text: &'a str) -> TermStream<'a> {
-        if !self.pairs {
-            self.started.fetch_add(1, Ordering::Release);
+        self.started.fetch_add(1, Ordering::Release);
+        let common = Arc::clone(&self.common.read().unwrap_or_else(|p| p.into_inner()));
+        if !self
+            .stems
+            .common
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &common))
+        {
+            self.stems.clear();
+            self.stems.common = Some(common);
         }
         TermStream {
             terms: tokens::Terms::new(text),
-            pairs: self.pairs,
+            stems: &mut self.stems,
             count: 0,
             previous: String::new(),
+            previous_common: false,
+            word_due: false,
+            term: String::new(),
             token: Token::default(),
+        }
+    }
+}
+
+impl TermStream<'_> {
+    /// The next term into `self.term`, and whether it is common.
+    fn next_term(&mut self) -> Option<bool> {
+        loop {
+            let (_, first) = self.terms.advance_unstemmed()?;
+            if first.is_none() {
+                continue; // folds to nothing: not a term
+            }
+            self.count += 1;
+            if let Some(common) = self.stems.get(self.terms.term(), &mut self.term) {
+                return Some(common);
+            }
+            let folded = self.terms.term().to_string();
+            self.terms.stem();
+            self.term.clear();
+            self.term.push_str(self.terms.term());
+            let common = self
+                .stems
+                .common
+                .as_ref()
+                .is_some_and(|c| c.contains(&self.term));
+            self.stems.put(&folded, &self.term, common);
+            return Some(common);
         }
     }
 }
 
 impl TokenStream for TermStream<'_> {
     fn advance(&mut self) -> bool {
-        while self.terms.advance().is_some() {
-            let term = self.terms.term();
-            self.count += 1;
-            if !self.pairs {
-                if term.len() > MAX_TERM {
-                    continue;
-                }
-                self.token.text.clear();
-                self.token.text.push_str(term);
-                self.token.position = self.count - 1;
-                return true;
+        if self.word_due {
+            self.word_due = false;
+            self.token.text.clear();
+            self.token.text.push_str(&self.term);
+            self.token.position = self.count - 1;
+            return true;
+        }
+        while let Some(common) = self.next_term() {
+            if self.term.len() > MAX_TERM {
+                self.previous_common = false;
+                continue;
             }
-            let usable =
-                self.count > 1 && self.previous.len() <= MAX_TERM && term.len() <= MAX_TERM;
-            if usable {
+            let pair = common && self.previous_common;
+            if pair {
                 self.token.text.clear();
+                self.token.text.push(PAIR_MARK);
                 self.token.text.push_str(&self.previous);
                 self.token.text.push(' ');
-                self.token.text.push_str(term);
+                self.token.text.push_str(&self.term);
                 self.token.position = self.count - 2;
             }
-            self.previous.clear();
-            self.previous.push_str(term);
-            if usable {
+            self.previous_common = common;
+            if common {
+                self.previous.clear();
+                self.previous.push_str(&self.term);
+            }
+            if pair {
+                self.word_due = true;
                 return true;
             }
+            self.token.text.clear();
+            self.token.text.push_str(&self.term);
+            self.token.position = self.count - 1;
+            return true;
         }
         false
     }
@@ -223,26 +424,25 @@ impl TokenStream for TermStream<'_> {
     }
 }
 
-/// Our tokenizers, `started` counting the texts they began to index.
-fn tokenizers(started: &Arc<AtomicU64>) -> TokenizerManager {
+fn tokenizers(common: &Arc<RwLock<Arc<Common>>>, started: &Arc<AtomicU64>) -> TokenizerManager {
     let manager = TokenizerManager::default();
-    for (name, pairs) in [(TERMS, false), (PAIRS, true)] {
-        manager.register(
-            name,
-            TermTokenizer {
-                pairs,
-                started: Arc::clone(started),
-            },
-        );
-    }
+    manager.register(
+        TERMS,
+        TermTokenizer {
+            common: Arc::clone(common),
+            started: Arc::clone(started),
+            stems: Stems::new(),
+        },
+    );
     manager
 }
 
-/// What the searches of the moment see: the committed index and the queue position
-/// it holds.
+/// What the searches of the moment see: the committed index, the queue position it
+/// holds and the common words it was made with.
 struct Snapshot {
     searcher: Searcher,
     seq: i64,
+    common: Arc<Common>,
 }
 
 /// Files queued since the snapshot, indexed in memory.
@@ -251,7 +451,16 @@ struct Overlay {
     searcher: Searcher,
 }
 
+/// What a commit's payload says.
+struct Committed {
+    seq: i64,
+    /// Chunks in the index when its common words were settled.
+    basis: u64,
+    common: Arc<Common>,
+}
+
 pub struct Engine {
+    dir: PathBuf,
     index: Index,
     reader: IndexReader,
     fields: Fields,
@@ -259,10 +468,16 @@ pub struct Engine {
     snapshot: RwLock<Arc<Snapshot>>,
     overlay: Mutex<Option<Arc<Overlay>>>,
     ready: AtomicBool,
+    /// The common words the writer indexes with.
+    writer_common: Arc<RwLock<Arc<Common>>>,
     /// Texts our tokenizer began to index (see `IN_FLIGHT`).
     started: Arc<AtomicU64>,
     /// Set when the merge that follows a bulk load is done (the reader then reloads).
     merged: Arc<AtomicBool>,
+    /// Bumped at every publish (and when the index is ready), for waiting searches.
+    published: (Mutex<u64>, Condvar),
+    /// Searches waiting for the index: it commits as soon as it has applied the queue.
+    waiting: AtomicUsize,
 }
 
 /// The indexer's position: what it handed to the writer, and when.
@@ -278,6 +493,18 @@ struct Feed {
     release: Vec<Instant>,
     /// In a bulk load: the writer merges nothing until it is over (`Engine::bulk`).
     bulk: bool,
+    /// Chunks in the index when its common words were settled (see `GROWTH`).
+    basis: u64,
+    /// The common words were chosen in this bulk load: `basis` follows its commits.
+    fresh: bool,
+    /// Documents handed over since the last commit, and whether every document was
+    /// deleted since (a rebuild).
+    added: u64,
+    cleared: bool,
+    /// No file of a higher id has documents in the index (committed or not): a file
+    /// beyond it is new, with nothing to delete first. A cold build queues every file
+    /// once, and a delete costs a query of every segment at the next commit.
+    max_file: i64,
 }
 
 impl Feed {
@@ -289,57 +516,70 @@ impl Feed {
             grew: Instant::now(),
             release: Vec::new(),
             bulk: false,
+            basis: 0,
+            fresh: false,
+            added: 0,
+            cleared: false,
+            max_file: i64::MAX,
         }
     }
 }
 
 /// Hand memory freed by indexing back to the system. glibc keeps freed memory in its
-/// arenas (one per thread that allocated) and gives back only the top of the main
-/// heap by itself: after a cold build the daemon kept hundreds of MiB it no longer used.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// arenas and gives back only the top of the main heap by itself: after a cold build
+/// the daemon kept hundreds of MiB it no longer used.
 fn release_memory() {
-    let started = Instant::now();
-    // SAFETY: malloc_trim takes no pointer and has no precondition; it walks glibc's
-    // own arenas under their locks.
-    #[allow(unsafe_code)]
-    let released = unsafe { libc::malloc_trim(0) };
-    tracing::debug!(
-        released,
-        ms = started.elapsed().as_secs_f64() * 1e3,
-        "freed memory handed back"
-    );
+    crate::memory::release();
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_memory() {}
-
-fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<Engine>>> {
-    static ENGINES: OnceLock<Mutex<HashMap<PathBuf, Arc<Engine>>>> = OnceLock::new();
+/// The engine of each store (by its state.db), or None when it could not be opened.
+fn registry() -> &'static Mutex<HashMap<PathBuf, Option<Arc<Engine>>>> {
+    static ENGINES: OnceLock<Mutex<HashMap<PathBuf, Option<Arc<Engine>>>>> = OnceLock::new();
     ENGINES.get_or_init(Default::default)
 }
 
 /// The engine of this store, once `start` opened it.
 pub fn get(store: &Store) -> Option<Arc<Engine>> {
     let engines = registry().lock().unwrap_or_else(|p| p.into_inner());
-    engines.get(&store.home.state_db()).cloned()
+    engines.get(&store.home.state_db()).cloned().flatten()
 }
 
-/// Whether the ranked index answers searches, and how many queued changes it has not
-/// committed yet (searched in the overlay, or with FTS5 past a thousand files): for
+/// The engine of this store, waiting (until `deadline`) for `start` to open it: the
+/// daemon starts it beside its listeners, so the first call may come first. None when
+/// it could not be opened, or was not started by then.
+pub fn wait_for(store: &Store, deadline: Instant) -> Option<Arc<Engine>> {
+    loop {
+        {
+            let engines = registry().lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = engines.get(&store.home.state_db()) {
+                return slot.clone();
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether the index answers searches, and how many queued changes it has not
+/// committed yet (searched in the overlay, or waited for past a thousand files): for
 /// `guide` and the benchmark, which waits for it before timing searches.
 pub fn status(store: &Store) -> serde_json::Value {
     let Some(engine) = get(store) else {
         return serde_json::json!({"ready": false, "queued": null});
     };
     let seq = engine.snapshot().seq;
+    // The queue's sequence has no gaps (AUTOINCREMENT; a rolled back insert takes its
+    // number back), and only entries the snapshot holds are deleted: what follows the
+    // snapshot is the last sequence less its own. Counting the rows cost a scan of the
+    // queue for every `guide` during a cold index (100k rows at 100k pages).
     let queued: Option<i64> = store.pool.get().ok().and_then(|connection| {
         connection
-            .query_row(
-                "SELECT count(*) FROM search_outbox WHERE seq > ?1",
-                params![seq],
-                |row| row.get(0),
-            )
+            .prepare_cached("SELECT coalesce(max(seq), 0) FROM search_outbox")
+            .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)))
             .ok()
+            .map(|last| (last - seq).max(0))
     });
     serde_json::json!({"ready": engine.ready.load(Ordering::Acquire), "queued": queued})
 }
@@ -349,18 +589,53 @@ pub fn index_dir(store: &Store) -> PathBuf {
     store.home.root().join("search-index")
 }
 
-/// Open (or create) the index of `store` and start its indexer thread. Search uses
-/// FTS5 until the index has caught up with the queue, so the daemon answers as soon
-/// as it would without the index.
-///
-/// On unless `ALEXANDRIA_SEARCH_INDEX=off` (FTS5 then answers every search; the queue
-/// is kept, so turning the index on again replays what it missed).
+/// Open (or create) the index of `store` and start its indexer thread. The thread
+/// opens the index again (and rebuilds it) if its directory is deleted meanwhile.
 pub fn start(store: &Arc<Store>) {
-    if std::env::var("ALEXANDRIA_SEARCH_INDEX").is_ok_and(|v| v == "off") {
-        tracing::info!("search uses FTS5 alone (ALEXANDRIA_SEARCH_INDEX=off)");
-        return;
+    let dir = index_dir(store);
+    let engine = match Engine::open(&dir, &store.pool) {
+        Ok(engine) => Arc::new(engine),
+        Err(error) => {
+            tracing::error!(%error, "cannot open the search index; search is unavailable");
+            registry()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(store.home.state_db(), None);
+            return;
+        }
+    };
+    register(store, &engine);
+    let store = Arc::clone(store);
+    let spawned = std::thread::Builder::new()
+        .name("search-index".into())
+        .spawn(move || {
+            lower_priority();
+            let mut engine = engine;
+            loop {
+                engine.run(&store);
+                tracing::warn!(dir = %dir.display(), "the search index was deleted; rebuilding it");
+                engine = loop {
+                    match Engine::open(&dir, &store.pool) {
+                        Ok(engine) => break Arc::new(engine),
+                        Err(error) => {
+                            tracing::error!(%error, "cannot open the search index; retrying");
+                            std::thread::sleep(Duration::from_secs(5));
+                        }
+                    }
+                };
+                register(&store, &engine);
+            }
+        });
+    if let Err(error) = spawned {
+        tracing::error!(%error, "cannot start the search indexer");
     }
-    start_engine(store);
+}
+
+fn register(store: &Store, engine: &Arc<Engine>) {
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(store.home.state_db(), Some(Arc::clone(engine)));
 }
 
 /// The indexer's nice value: a build yields the processor to the daemon's calls and
@@ -379,38 +654,17 @@ fn lower_priority() {
     }
 }
 
-/// Open the index and start its indexer thread, whatever the environment says.
-fn start_engine(store: &Arc<Store>) {
-    let store = Arc::clone(store);
-    let spawned = std::thread::Builder::new()
-        .name("search-index".into())
-        .spawn(move || {
-            lower_priority();
-            let pool = store.pool.clone();
-            let engine = match Engine::open(&index_dir(&store), &pool) {
-                Ok(engine) => Arc::new(engine),
-                Err(error) => {
-                    tracing::error!(%error, "cannot open the search index; search uses FTS5");
-                    return;
-                }
-            };
-            registry()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(store.home.state_db(), Arc::clone(&engine));
-            engine.run(&pool);
-        });
-    if let Err(error) = spawned {
-        tracing::error!(%error, "cannot start the search indexer; search uses FTS5");
-    }
+fn payload(generation: &str, seq: i64, basis: u64, common: &Common) -> String {
+    let mut words: Vec<&str> = common.words.iter().map(String::as_str).collect();
+    words.sort_unstable();
+    format!(
+        "alexandria-search {FORMAT} {generation} {seq} {basis} {}",
+        words.join(" ")
+    )
 }
 
-fn payload(generation: &str, seq: i64) -> String {
-    format!("alexandria-search {FORMAT} {generation} {seq}")
-}
-
-/// The queue position of an index made for this `generation`, if it is one.
-fn parse_payload(payload: Option<&str>, generation: &str) -> Option<i64> {
+/// What a commit made for this `generation` holds, if it is one.
+fn parse_payload(payload: Option<&str>, generation: &str) -> Option<Committed> {
     let mut parts = payload?.split(' ');
     if parts.next()? != "alexandria-search" || parts.next()? != FORMAT.to_string() {
         return None;
@@ -418,7 +672,17 @@ fn parse_payload(payload: Option<&str>, generation: &str) -> Option<i64> {
     if parts.next()? != generation {
         return None;
     }
-    parts.next()?.parse().ok()
+    let seq = parts.next()?.parse().ok()?;
+    let basis = parts.next()?.parse().ok()?;
+    let words = parts
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect();
+    Some(Committed {
+        seq,
+        basis,
+        common: Arc::new(Common { words }),
+    })
 }
 
 fn open_dir(dir: &Path, schema: &Schema) -> Result<Index> {
@@ -427,6 +691,15 @@ fn open_dir(dir: &Path, schema: &Schema) -> Result<Index> {
     let index = Index::open_or_create(directory, schema.clone())?;
     index.load_metas()?;
     Ok(index)
+}
+
+/// Whether a workspace's catch-up with the disk is under way or still to come: its
+/// files are being queued (a bulk load is not over).
+fn catching_up(store: &Store) -> bool {
+    store.list_workspaces().iter().any(|slug| {
+        let state = store.state(slug);
+        !state.caught_up.load(Ordering::Acquire) || state.indexing.running.load(Ordering::Acquire)
+    })
 }
 
 impl Engine {
@@ -441,7 +714,8 @@ impl Engine {
             }
         };
         let started = Arc::new(AtomicU64::new(0));
-        index.set_tokenizers(tokenizers(&started));
+        let writer_common = Arc::new(RwLock::new(Arc::new(Common::default())));
+        index.set_tokenizers(tokenizers(&writer_common, &started));
         let generation: String = pool.get()?.query_row(
             "SELECT generation FROM search_state WHERE id = 1",
             [],
@@ -452,8 +726,13 @@ impl Engine {
             .reload_policy(ReloadPolicy::Manual)
             .try_into()?;
         let searcher = reader.searcher();
-        let snapshot = Arc::new(Snapshot { searcher, seq: 0 });
+        let snapshot = Arc::new(Snapshot {
+            searcher,
+            seq: 0,
+            common: Arc::new(Common::default()),
+        });
         Ok(Engine {
+            dir: dir.to_path_buf(),
             index,
             reader,
             fields,
@@ -461,8 +740,11 @@ impl Engine {
             snapshot: RwLock::new(snapshot),
             overlay: Mutex::new(None),
             ready: AtomicBool::new(false),
+            writer_common,
             started,
             merged: Arc::new(AtomicBool::new(false)),
+            published: (Mutex::new(0), Condvar::new()),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -470,11 +752,40 @@ impl Engine {
         Arc::clone(&self.snapshot.read().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// One indexing thread, one merge thread (the daemon shares two cores with its
-    /// clients), `WRITER_BUDGET` of terms per segment.
+    /// Wake the searches waiting for the index.
+    fn notify(&self) {
+        let (count, changed) = &self.published;
+        *count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        changed.notify_all();
+    }
+
+    /// Wait (until `deadline` at most) for the next publish after `seen`; the count now.
+    fn wait_for_publish(&self, seen: u64, deadline: Instant) -> u64 {
+        let (count, changed) = &self.published;
+        let mut now = count.lock().unwrap_or_else(|p| p.into_inner());
+        while *now == seen {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            now = changed
+                .wait_timeout(now, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *now
+    }
+
+    fn publish_count(&self) -> u64 {
+        *self.published.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Two indexing threads (a cold index keeps both cores busy: the catch-up with the
+    /// disk is done long before the index, whose tokenizing and term hashing are most
+    /// of a build; measured at 100k pages, ready after 25 s instead of 50), one merge
+    /// thread, `WRITER_BUDGET` of terms per segment each.
     fn writer(&self) -> IndexWriter {
         let options = IndexWriterOptions::builder()
-            .num_worker_threads(1)
+            .num_worker_threads(INDEXING_THREADS)
             .num_merge_threads(1)
             .memory_budget_per_thread(WRITER_BUDGET)
             .build();
@@ -492,13 +803,22 @@ impl Engine {
         }
     }
 
-    /// The indexer: rebuild or replay, then apply the queue as it grows. Never returns.
-    fn run(&self, pool: &Pool) {
+    /// Whether the index's directory is gone (deleted by hand while the daemon runs):
+    /// nothing can be committed to it any more.
+    fn lost(&self) -> bool {
+        !self.dir.join("meta.json").exists()
+    }
+
+    /// The indexer: rebuild or replay, then apply the queue as it grows. Returns only
+    /// when the index's directory was deleted (`start` then opens a new one).
+    fn run(&self, store: &Store) {
+        let pool = &store.pool;
         let mut writer = self.writer();
         let mut feed = Feed::new();
         loop {
-            match self.catch_up(pool, &mut writer, &mut feed) {
+            match self.catch_up(store, &mut writer, &mut feed) {
                 Ok(()) => break,
+                Err(_) if self.lost() => return,
                 Err(error) => {
                     tracing::error!(%error, "search index catch-up failed; retrying");
                     self.rollback(&mut writer, &mut feed);
@@ -507,11 +827,17 @@ impl Engine {
             }
         }
         self.ready.store(true, Ordering::Release);
+        self.notify();
         tracing::info!(seq = self.snapshot().seq, "search index ready");
         let mut trimmed = (0i64, Instant::now());
         loop {
-            std::thread::sleep(POLL);
-            if let Err(error) = self.step(pool, &mut writer, &mut feed) {
+            // A bulk load is followed closely: the catch-up queues a batch every few
+            // tens of milliseconds, and tantivy's thread would wait for it.
+            std::thread::sleep(if feed.bulk { BULK_POLL } else { POLL });
+            if let Err(error) = self.step(store, &mut writer, &mut feed) {
+                if self.lost() {
+                    return;
+                }
                 tracing::warn!(%error, "applying the search queue failed; retrying");
                 self.rollback(&mut writer, &mut feed);
                 std::thread::sleep(Duration::from_secs(1));
@@ -528,8 +854,7 @@ impl Engine {
                 }
             }
             if self.merged.swap(false, Ordering::AcqRel) {
-                let seq = self.snapshot().seq;
-                match self.publish(seq) {
+                match self.reload() {
                     Ok(()) => feed.release.push(Instant::now() + TRIM_SOON),
                     Err(error) => tracing::warn!(%error, "cannot reload the merged search index"),
                 }
@@ -538,11 +863,35 @@ impl Engine {
                 feed.release.remove(0);
                 release_memory();
             }
+            if self.grown(&feed) {
+                tracing::info!(
+                    chunks = self.snapshot().searcher.num_docs(),
+                    basis = feed.basis,
+                    "the search index has grown: choosing its common words again"
+                );
+                if let Err(error) = self.rebuild(store, &mut writer, &mut feed) {
+                    if self.lost() {
+                        return;
+                    }
+                    tracing::warn!(%error, "rebuilding the search index failed");
+                    self.rollback(&mut writer, &mut feed);
+                }
+            }
         }
     }
 
+    /// Nothing to apply, and the index holds `GROWTH` times the chunks it held when its
+    /// common words were chosen.
+    fn grown(&self, feed: &Feed) -> bool {
+        let snapshot = self.snapshot();
+        !feed.bulk
+            && feed.applied == snapshot.seq
+            && snapshot.searcher.num_docs() >= GROWTH * feed.basis.max(16)
+    }
+
     /// Apply what was queued since the last poll; commit when it is time.
-    fn step(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+    fn step(&self, store: &Store, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+        let pool = &store.pool;
         while self.feed(pool, writer, feed)? > 0 {}
         let waiting = feed.applied - self.snapshot().seq;
         if waiting <= 0 {
@@ -552,7 +901,11 @@ impl Engine {
             return Ok(());
         }
         let due = if feed.bulk || waiting > OVERLAY_MAX_FILES as i64 {
-            feed.grew.elapsed() >= BULK_QUIET || feed.committed.elapsed() >= BULK_COMMIT_AFTER
+            let settled = self.waiting.load(Ordering::Acquire) > 0
+                || (feed.grew.elapsed() >= BULK_SETTLED && !catching_up(store));
+            settled
+                || feed.grew.elapsed() >= BULK_QUIET
+                || feed.committed.elapsed() >= BULK_COMMIT_AFTER
         } else {
             // Under a stream of writes, commit at most once a second (the overlay has
             // the rest): every commit writes and syncs segment files, and merges follow.
@@ -569,10 +922,17 @@ impl Engine {
         if let Err(error) = writer.rollback() {
             tracing::warn!(%error, "search index rollback failed");
         }
-        feed.applied = self.snapshot().seq;
+        let snapshot = self.snapshot();
+        feed.applied = snapshot.seq;
         feed.sent = self.started.load(Ordering::Acquire);
+        feed.added = 0;
+        feed.cleared = false;
         // The writer is a new one, with the default merge policy.
         feed.bulk = false;
+        *self
+            .writer_common
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::clone(&snapshot.common);
     }
 
     /// A bulk load begins: no merges until it is over. Merging while segments keep
@@ -591,6 +951,7 @@ impl Engine {
     fn end_bulk(&self, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
         writer.set_merge_policy(Box::new(LogMergePolicy::default()));
         feed.bulk = false;
+        feed.fresh = false;
         let segments = self.index.searchable_segment_ids()?;
         if segments.len() < 2 {
             return Ok(());
@@ -618,52 +979,191 @@ impl Engine {
     }
 
     /// Rebuild from SQLite if the committed index is not this database's, then replay.
-    fn catch_up(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+    fn catch_up(&self, store: &Store, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+        let pool = &store.pool;
         let metas = self.index.load_metas()?;
         match parse_payload(metas.payload.as_deref(), &self.generation) {
-            Some(seq) => {
-                self.publish(seq)?;
-                feed.applied = seq;
+            Some(committed) => {
+                *self
+                    .writer_common
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner()) = Arc::clone(&committed.common);
+                feed.applied = committed.seq;
+                feed.basis = committed.basis;
+                self.publish(committed.seq, committed.common)?;
+                feed.max_file = self.max_file_committed()?;
             }
-            None => self.rebuild(pool, writer, feed)?,
+            None => self.rebuild(store, writer, feed)?,
         }
         while self.feed(pool, writer, feed)? > 0 {}
         // A bulk load (a cold start with the disk's pages still coming in) is committed
-        // by `step` once the queue has gone quiet; searches use FTS5 meanwhile.
+        // by `step` once it is over.
         if feed.applied > self.snapshot().seq && !feed.bulk {
             self.commit(writer, feed)?;
         }
         self.trim(pool, self.snapshot().seq)
     }
 
-    fn publish(&self, seq: i64) -> Result<()> {
+    /// The highest file id with documents in the committed index.
+    fn max_file_committed(&self) -> Result<i64> {
+        let mut max = 0;
+        for segment in self.snapshot().searcher.segment_readers() {
+            if segment.max_doc() > 0 {
+                max = max.max(segment.fast_fields().u64("file_id")?.max_value() as i64);
+            }
+        }
+        Ok(max)
+    }
+
+    fn publish(&self, seq: i64, common: Arc<Common>) -> Result<()> {
         self.reader.reload()?;
         let snapshot = Arc::new(Snapshot {
             searcher: self.reader.searcher(),
             seq,
+            common,
         });
         *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = snapshot;
+        self.notify();
         Ok(())
+    }
+
+    /// The reader again, for the same commit (a merge finished).
+    fn reload(&self) -> Result<()> {
+        let snapshot = self.snapshot();
+        self.publish(snapshot.seq, Arc::clone(&snapshot.common))
     }
 
     /// Commit what the writer holds, up to the queue entry `feed.applied`.
     fn commit(&self, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+        if feed.bulk {
+            // Test-only: a slow bulk load, or a daemon killed in the middle of one.
+            if let Some(delay) = crate::faults::delay_for("search-index-commit") {
+                std::thread::sleep(delay);
+            }
+            crate::faults::crash_point("search-index-bulk-commit");
+        }
+        let common = Arc::clone(&self.writer_common.read().unwrap_or_else(|p| p.into_inner()));
+        let basis = if feed.fresh {
+            // The chunks once this commit is done: what was committed (unless deleted
+            // since) and what was added since; a file indexed again counts twice (an
+            // estimate: only the growth rule uses it).
+            let kept = if feed.cleared {
+                0
+            } else {
+                self.snapshot().searcher.num_docs()
+            };
+            kept + feed.added
+        } else {
+            feed.basis
+        };
         let mut prepared = writer.prepare_commit()?;
-        prepared.set_payload(&payload(&self.generation, feed.applied));
+        prepared.set_payload(&payload(&self.generation, feed.applied, basis, &common));
         prepared.commit()?;
         let now = Instant::now();
         feed.committed = now;
         // Every document handed over is indexed once the commit is done.
         feed.sent = self.started.load(Ordering::Acquire);
+        if feed.bulk {
+            // The segments' memory, freed by the commit (a few ms).
+            release_memory();
+        }
         feed.release = vec![now + TRIM_SOON, now + TRIM_LATE];
-        self.publish(feed.applied)
+        feed.basis = basis;
+        feed.added = 0;
+        feed.cleared = false;
+        self.publish(feed.applied, common)?;
+        Ok(())
     }
 
-    fn rebuild(&self, pool: &Pool, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
+    /// Choose the common words from a sample of the chunks `state.db` holds. During
+    /// the first catch-up, wait until it has queued `SAMPLE_CHUNKS` (or is over).
+    fn choose_common(&self, store: &Store) -> Result<Common> {
+        let connection = store.pool.get()?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let chunks: i64 = connection.query_row(
+                "SELECT count(*) FROM (SELECT 1 FROM chunks LIMIT ?1)",
+                params![SAMPLE_CHUNKS as i64],
+                |row| row.get(0),
+            )?;
+            if chunks as usize >= SAMPLE_CHUNKS || !catching_up(store) || Instant::now() > deadline
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let max_file: i64 =
+            connection.query_row("SELECT coalesce(max(id), 0) FROM files", [], |row| {
+                row.get(0)
+            })?;
+        let every = (max_file / SAMPLE_FILES).max(1);
+        let mut statement =
+            connection.prepare_cached("SELECT body FROM chunks WHERE rowid BETWEEN ?1 AND ?2")?;
+        let mut frequency: HashMap<String, (u32, u32), BuildFx> = HashMap::default();
+        let mut sampled = 0u32;
+        let mut id = 1;
+        while id <= max_file && (sampled as usize) < SAMPLE_CHUNKS {
+            let low = id << super::CHUNK_BITS;
+            let high = low | super::MAX_CHUNKS as i64;
+            let mut rows = statement.query(params![low, high])?;
+            while let Some(row) = rows.next()? {
+                let body: String = row.get(0)?;
+                sampled += 1;
+                let mut terms = tokens::Terms::new(&body);
+                while terms.advance().is_some() {
+                    let term = terms.term();
+                    if term.len() > MAX_TERM {
+                        continue;
+                    }
+                    match frequency.get_mut(term) {
+                        Some((count, last)) => {
+                            if *last != sampled {
+                                *count += 1;
+                                *last = sampled;
+                            }
+                        }
+                        None => {
+                            frequency.insert(term.to_string(), (1, sampled));
+                        }
+                    }
+                }
+            }
+            id += every;
+        }
+        let least = ((f64::from(sampled) * COMMON_SHARE).ceil() as u32).max(2);
+        let mut common: Vec<(u32, String)> = frequency
+            .into_iter()
+            .filter(|(_, (count, _))| *count >= least)
+            .map(|(term, (count, _))| (count, term))
+            .collect();
+        common.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        common.truncate(COMMON_MAX);
+        tracing::debug!(
+            sampled,
+            common = common.len(),
+            "common words of the search index"
+        );
+        Ok(Common {
+            words: common.into_iter().map(|(_, term)| term).collect(),
+        })
+    }
+
+    fn rebuild(&self, store: &Store, writer: &mut IndexWriter, feed: &mut Feed) -> Result<()> {
         let started = Instant::now();
+        // Whatever the writer holds goes (and would have been tokenized with the old
+        // common words).
+        self.rollback(writer, feed);
+        let common = Arc::new(self.choose_common(store)?);
+        *self
+            .writer_common
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::clone(&common);
         self.bulk(writer, feed);
+        feed.fresh = true;
         writer.delete_all_documents()?;
-        let connection = pool.get()?;
+        feed.cleared = true;
+        feed.max_file = 0;
+        let connection = store.pool.get()?;
         let transaction = connection.unchecked_transaction()?;
         let seq: i64 = transaction.query_row(
             "SELECT coalesce(max(seq), 0) FROM search_outbox",
@@ -682,6 +1182,7 @@ impl Engine {
                 workspace: row.get(3)?,
                 layer: row.get(4)?,
             };
+            feed.max_file = feed.max_file.max(file.id);
             let document = self.document(&file, row.get(0)?, row.get(1)?);
             self.add(writer, feed, document)?;
             count += 1;
@@ -693,6 +1194,7 @@ impl Engine {
         self.commit(writer, feed)?;
         tracing::info!(
             chunks = count,
+            common = common.words.len(),
             seconds = started.elapsed().as_secs_f64(),
             "search index rebuilt"
         );
@@ -721,10 +1223,13 @@ impl Engine {
         }
         let files: BTreeSet<i64> = queued.iter().map(|(_, id)| *id).collect();
         for id in &files {
-            writer.delete_term(Term::from_field_u64(self.fields.file_id, *id as u64));
+            if *id <= feed.max_file {
+                writer.delete_term(Term::from_field_u64(self.fields.file_id, *id as u64));
+            }
             for (rowid, file, body) in file_chunks(&transaction, *id)? {
                 self.add(writer, feed, self.document(&file, rowid, body))?;
             }
+            feed.max_file = feed.max_file.max(*id);
         }
         feed.applied = last;
         feed.grew = Instant::now();
@@ -740,6 +1245,7 @@ impl Engine {
     ) -> Result<()> {
         writer.add_document(document)?;
         feed.sent += 1;
+        feed.added += 1;
         let deadline = Instant::now() + STALLED;
         while feed.sent > self.started.load(Ordering::Acquire) + IN_FLIGHT {
             if Instant::now() > deadline {
@@ -756,25 +1262,62 @@ impl Engine {
         document.add_u64(self.fields.rowid, rowid as u64);
         document.add_text(self.fields.workspace, &file.workspace);
         document.add_text(self.fields.layer, &file.layer);
-        document.add_text(self.fields.pairs, &body);
         document.add_text(self.fields.body, body);
         document
     }
 
-    /// Ranked search, or None when FTS5 must answer (not ready, a query the index
-    /// cannot express, too much queued). `fts` is the query as FTS5 reads it.
+    /// Ranked search. Waits (up to `SEARCH_WAIT`) while the index is being built or has
+    /// more queued than the overlay takes; then answers from what it has committed,
+    /// with `indexing` set.
     pub fn search(
         &self,
         connection: &Connection,
         query: &SearchQuery<'_>,
-        fts: &str,
-    ) -> Result<Option<(Vec<Ranked>, bool)>> {
-        if !self.ready.load(Ordering::Acquire) {
-            return Ok(None);
-        }
-        let Some(phrases) = parse(fts) else {
-            return Ok(None);
+        expr: &Expr,
+    ) -> Result<Answer> {
+        // Test-only: a shorter wait.
+        let wait = crate::faults::delay_for("search-wait").unwrap_or(SEARCH_WAIT);
+        let deadline = Instant::now() + wait;
+        let mut seen = self.publish_count();
+        let mut registered = false;
+        let answer = loop {
+            if self.ready.load(Ordering::Acquire) {
+                match self.search_now(connection, query, expr, false)? {
+                    Some(answer) => break answer,
+                    None if Instant::now() >= deadline => {
+                        break self
+                            .search_now(connection, query, expr, true)?
+                            .unwrap_or_default();
+                    }
+                    None => {}
+                }
+            } else if Instant::now() >= deadline {
+                break Answer {
+                    indexing: true,
+                    ..Answer::default()
+                };
+            }
+            if !registered {
+                registered = true;
+                self.waiting.fetch_add(1, Ordering::AcqRel);
+            }
+            seen = self.wait_for_publish(seen, deadline);
         };
+        if registered {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(answer)
+    }
+
+    /// The search on the index as it is: None when more is queued than the overlay
+    /// takes, unless `anyway` (then the committed index alone answers).
+    fn search_now(
+        &self,
+        connection: &Connection,
+        query: &SearchQuery<'_>,
+        expr: &Expr,
+        anyway: bool,
+    ) -> Result<Option<Answer>> {
         let transaction = connection.unchecked_transaction()?;
         // The queue after the snapshot it continues, then the snapshot again: the
         // indexer deletes queue entries only after publishing a snapshot that holds
@@ -789,149 +1332,239 @@ impl Engine {
                 statement.query_map(params![before, cap], |row| Ok((row.get(0)?, row.get(1)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
-        if queued.len() > OVERLAY_MAX_FILES * 4 {
-            return Ok(None);
-        }
         let snapshot = self.snapshot();
         let queued: Vec<(i64, i64)> = queued
             .into_iter()
             .filter(|(seq, _)| *seq > snapshot.seq)
             .collect();
-        let pending: BTreeSet<i64> = queued.iter().map(|(_, id)| *id).collect();
-        if pending.len() > OVERLAY_MAX_FILES {
+        let pending: HashSet<i64, BuildFx> = queued.iter().map(|(_, id)| *id).collect();
+        let behind = queued.len() > OVERLAY_MAX_FILES * 4 || pending.len() > OVERLAY_MAX_FILES;
+        if behind && !anyway {
             return Ok(None);
         }
-        let overlay = match queued.last() {
-            None => None,
-            Some(&(last, _)) => {
-                Some(self.overlay(&transaction, (snapshot.seq, last, pending.len()), &pending)?)
+        let (pending, overlay) = match queued.last() {
+            Some(&(last, _)) if !behind => {
+                let key = (snapshot.seq, last, pending.len());
+                let overlay = self.overlay(&transaction, key, &pending, &snapshot.common)?;
+                (pending, Some(overlay))
             }
+            // Behind: the committed index as it is.
+            _ => (HashSet::default(), None),
         };
         let main = &snapshot.searcher;
         let stats = Combined {
             main,
             overlay: overlay.as_ref().map(|o| &o.searcher),
         };
-        let built = self.query(&phrases, query, &stats)?;
+        let compiled = self.compile(expr, &snapshot.common, &stats)?;
+        let (built, filters) = self.scoped(compiled.query, query, &stats)?;
         let need = query.offset + query.limit + 1;
-        let mut paths = PathCache::new(&transaction);
-        let mut verifier = Verifier::new(&phrases);
-        let mut ranked = Vec::new();
-        // Committed index: pages queued since are left out (the overlay has them).
-        let mut fetch = need + pending.len() * 4;
-        loop {
-            let top = main.search_with_statistics_provider(
-                built.as_ref(),
-                &TopDocs::with_limit(fetch).order_by_score(),
-                &stats,
-            )?;
-            ranked.clear();
-            for (score, address) in &top {
-                if ranked.len() >= need {
-                    break;
-                }
-                let (file_id, rowid) = ids(main, *address)?;
-                if pending.contains(&file_id)
-                    || !paths.in_scope(file_id, query)?
-                    || !verifier.holds(&transaction, rowid)?
-                {
-                    continue;
-                }
-                ranked.push(Ranked {
-                    score: *score,
-                    file_id,
-                    rowid,
-                });
-            }
-            if ranked.len() >= need || top.len() < fetch {
-                break;
-            }
-            if fetch >= MAX_CANDIDATES {
-                return Ok(None);
-            }
-            fetch = (fetch * 4).min(MAX_CANDIDATES);
-        }
+        let mut check = Check {
+            connection: &transaction,
+            query,
+            expr: (!compiled.exact).then_some(expr),
+            scope: ScopeCheck::default(),
+            error: None,
+        };
+        let mut ranked = collect(
+            main,
+            built.as_ref(),
+            &stats,
+            need,
+            &filters,
+            &pending,
+            &mut check,
+        )?;
         if let Some(overlay) = &overlay {
-            let top = overlay.searcher.search_with_statistics_provider(
+            ranked.extend(collect(
+                &overlay.searcher,
                 built.as_ref(),
-                &TopDocs::with_limit(need).order_by_score(),
                 &stats,
-            )?;
-            for (score, address) in top {
-                let (file_id, rowid) = ids(&overlay.searcher, address)?;
-                if paths.in_scope(file_id, query)? && verifier.holds(&transaction, rowid)? {
-                    ranked.push(Ranked {
-                        score,
-                        file_id,
-                        rowid,
-                    });
-                }
-            }
+                need,
+                &filters,
+                &HashSet::default(),
+                &mut check,
+            )?);
             ranked.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.rowid.cmp(&b.rowid)));
+            ranked.truncate(need);
         }
         let more = ranked.len() > query.offset + query.limit;
-        let page: Vec<Ranked> = ranked
+        let hits: Vec<Ranked> = ranked
             .into_iter()
             .skip(query.offset)
             .take(query.limit)
             .collect();
-        Ok(Some((page, more)))
+        Ok(Some(Answer {
+            hits,
+            more,
+            indexing: behind || !self.ready.load(Ordering::Acquire),
+        }))
     }
 
-    /// The tantivy query: every phrase must match, in the workspace (and layer).
-    fn query(
+    /// The workspace and layer: in the query when they are a small part of the index
+    /// (their postings are then short, and drive the intersection), else checked per
+    /// hit (an intersection with the postings of nearly every document would score
+    /// every match, where block-max WAND skips most of them).
+    fn scoped(
         &self,
-        phrases: &[Vec<String>],
+        built: Box<dyn Query>,
         query: &SearchQuery<'_>,
         stats: &Combined<'_>,
-    ) -> Result<Box<dyn Query>> {
-        let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
-        for terms in phrases {
-            let clause: Box<dyn Query> = match terms.as_slice() {
-                [one] => Box::new(TermQuery::new(
-                    Term::from_field_text(self.fields.body, one),
-                    IndexRecordOption::WithFreqs,
-                )),
-                [first, second] => Box::new(TermQuery::new(
-                    Term::from_field_text(self.fields.pairs, &tokens::pair(first, second)),
-                    IndexRecordOption::WithFreqs,
-                )),
-                // Every pair of the phrase; whether they follow each other is checked
-                // in the text (`Verifier`).
-                _ => Box::new(BooleanQuery::new(
-                    tokens::pairs(terms)
-                        .iter()
-                        .map(|p| -> (Occur, Box<dyn Query>) {
-                            (
-                                Occur::Must,
-                                Box::new(TermQuery::new(
-                                    Term::from_field_text(self.fields.pairs, p),
-                                    IndexRecordOption::WithFreqs,
-                                )),
-                            )
-                        })
-                        .collect(),
-                )),
-            };
-            clauses.push((Occur::Must, clause));
-        }
-        // A filter every document passes is left out: it would only cost time.
-        let mut filter = |field: Field, value: &str| -> Result<()> {
+    ) -> Result<(Box<dyn Query>, Filters)> {
+        let total = stats.max_doc();
+        let mut clauses: Vec<(Occur, Box<dyn Query>)> = vec![(Occur::Must, built)];
+        let mut filters = Filters::default();
+        let mut scope = |field: Field, value: &str| -> Result<Option<String>> {
             let term = Term::from_field_text(field, value);
-            if stats.doc_freq(&term)? < stats.max_doc() {
+            let count = stats.doc_freq(&term)?;
+            if count >= total {
+                Ok(None)
+            } else if count * 2 >= total {
+                Ok(Some(value.to_string()))
+            } else {
                 clauses.push((
                     Occur::Must,
                     Box::new(TermQuery::new(term, IndexRecordOption::Basic)),
                 ));
+                Ok(None)
             }
-            Ok(())
         };
-        filter(self.fields.workspace, query.workspace)?;
+        filters.workspace = scope(self.fields.workspace, query.workspace)?;
         if let Some(layer) = query.layer {
-            filter(self.fields.layer, layer.as_str())?;
+            filters.layer = scope(self.fields.layer, layer.as_str())?;
         }
-        Ok(if clauses.len() == 1 {
+        let built = if clauses.len() == 1 {
             clauses.remove(0).1
+        } else {
+            Box::new(BooleanQuery::new(clauses))
+        };
+        Ok((built, filters))
+    }
+
+    /// The tantivy query for an expression, and whether it matches exactly the chunks
+    /// the expression does (else every candidate is checked in its text).
+    fn compile(&self, expr: &Expr, common: &Common, stats: &Combined<'_>) -> Result<Compiled> {
+        Ok(match expr {
+            Expr::Nothing => Compiled::exact(Box::new(EmptyQuery)),
+            Expr::Phrase(phrase) => self.phrase(phrase, common, stats)?,
+            Expr::Near { phrases, .. } => {
+                let mut clauses = Vec::new();
+                for phrase in phrases {
+                    clauses.push((Occur::Must, self.phrase(phrase, common, stats)?.query));
+                }
+                Compiled {
+                    query: Box::new(BooleanQuery::new(clauses)),
+                    exact: false,
+                }
+            }
+            Expr::And(a, b) | Expr::Or(a, b) => {
+                let occur = if matches!(expr, Expr::And(..)) {
+                    Occur::Must
+                } else {
+                    Occur::Should
+                };
+                let a = self.compile(a, common, stats)?;
+                let b = self.compile(b, common, stats)?;
+                Compiled {
+                    exact: a.exact && b.exact,
+                    query: Box::new(BooleanQuery::new(vec![(occur, a.query), (occur, b.query)])),
+                }
+            }
+            Expr::Not(a, b) => {
+                let a = self.compile(a, common, stats)?;
+                let b = self.compile(b, common, stats)?;
+                if b.exact {
+                    Compiled {
+                        exact: a.exact,
+                        query: Box::new(BooleanQuery::new(vec![
+                            (Occur::Must, a.query),
+                            (Occur::MustNot, b.query),
+                        ])),
+                    }
+                } else {
+                    // Leaving out a superset of what NOT names could drop a match: the
+                    // candidates are the left side's, checked in their text.
+                    Compiled {
+                        exact: false,
+                        query: a.query,
+                    }
+                }
+            }
+        })
+    }
+
+    fn phrase(&self, phrase: &Phrase, common: &Common, stats: &Combined<'_>) -> Result<Compiled> {
+        let field = self.fields.body;
+        let term = |text: &str| Term::from_field_text(field, text);
+        if phrase.words.iter().any(|w| w.term.len() > MAX_TERM) {
+            return Ok(Compiled::exact(Box::new(EmptyQuery)));
+        }
+        if phrase.is_plain() {
+            let words: Vec<&str> = phrase.words.iter().map(|w| w.term.as_str()).collect();
+            let units = units(&words, common);
+            return Ok(Compiled::exact(match units.as_slice() {
+                [(_, one)] => Box::new(TermQuery::new(term(one), IndexRecordOption::WithFreqs)),
+                _ => Box::new(SteadyPhrase(PhraseQuery::new_with_offset(
+                    units.iter().map(|(at, text)| (*at, term(text))).collect(),
+                ))),
+            }));
+        }
+        // A prefix or `^`: every word (a prefix: any term it begins), checked in the text.
+        let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
+        for word in &phrase.words {
+            clauses.push((Occur::Must, self.word(word, stats)?));
+        }
+        let query: Box<dyn Query> = if clauses.len() == 1 {
+            clauses.remove(0).1
+        } else {
+            Box::new(BooleanQuery::new(clauses))
+        };
+        // A lone prefix is exact.
+        let exact = !phrase.first && phrase.words.len() == 1;
+        Ok(Compiled { query, exact })
+    }
+
+    /// A word: its term, or for a prefix every term of the index it begins.
+    fn word(&self, word: &Word, stats: &Combined<'_>) -> Result<Box<dyn Query>> {
+        let field = self.fields.body;
+        if !word.prefix {
+            return Ok(Box::new(TermQuery::new(
+                Term::from_field_text(field, &word.term),
+                IndexRecordOption::WithFreqs,
+            )));
+        }
+        let mut expansions: BTreeSet<Vec<u8>> = BTreeSet::new();
+        for searcher in std::iter::once(stats.main).chain(stats.overlay) {
+            for segment in searcher.segment_readers() {
+                let inverted = segment.inverted_index(field)?;
+                let mut stream = inverted
+                    .terms()
+                    .range()
+                    .ge(word.term.as_bytes())
+                    .into_stream()?;
+                while stream.advance() {
+                    if !stream.key().starts_with(word.term.as_bytes()) {
+                        break;
+                    }
+                    expansions.insert(stream.key().to_vec());
+                }
+            }
+        }
+        let clauses: Vec<(Occur, Box<dyn Query>)> = expansions
+            .into_iter()
+            .filter_map(|bytes| String::from_utf8(bytes).ok())
+            .map(|text| -> (Occur, Box<dyn Query>) {
+                (
+                    Occur::Should,
+                    Box::new(TermQuery::new(
+                        Term::from_field_text(field, &text),
+                        IndexRecordOption::WithFreqs,
+                    )),
+                )
+            })
+            .collect();
+        Ok(if clauses.is_empty() {
+            Box::new(EmptyQuery)
         } else {
             Box::new(BooleanQuery::new(clauses))
         })
@@ -943,7 +1576,8 @@ impl Engine {
         &self,
         connection: &Connection,
         key: (i64, i64, usize),
-        pending: &BTreeSet<i64>,
+        pending: &HashSet<i64, BuildFx>,
+        common: &Arc<Common>,
     ) -> Result<Arc<Overlay>> {
         let mut cached = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(overlay) = cached.as_ref()
@@ -952,12 +1586,15 @@ impl Engine {
             return Ok(Arc::clone(overlay));
         }
         let (schema, _) = schema();
+        let common = Arc::new(RwLock::new(Arc::clone(common)));
         let mut writer = Index::builder()
             .schema(schema)
-            .tokenizers(tokenizers(&Arc::new(AtomicU64::new(0))))
+            .tokenizers(tokenizers(&common, &Arc::new(AtomicU64::new(0))))
             .single_segment_index_writer(RamDirectory::create(), 15_000_000)?;
-        for id in pending {
-            for (rowid, file, body) in file_chunks(connection, *id)? {
+        let mut ids: Vec<i64> = pending.iter().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            for (rowid, file, body) in file_chunks(connection, id)? {
                 writer.add_document(self.document(&file, rowid, body))?;
             }
         }
@@ -975,12 +1612,331 @@ impl Engine {
     }
 }
 
+/// A phrase query whose scorer answers `seek_danger` as a plain `seek` does (tantivy's
+/// default), so it is never left in the "invalid" state. tantivy 0.27's phrase scorer
+/// asserts (in debug builds) that a `seek_danger` target is not behind its document,
+/// which the contract allows once an earlier `seek_danger` left it ahead: a phrase in an
+/// intersection inside a NOT (`kelp NOT big "red kelp forest" bur*`) panicked in the
+/// tests. Release builds answered right; this costs a seek to the next match instead of
+/// a lower bound, only where a phrase is not the first clause of an intersection.
+#[derive(Clone, Debug)]
+struct SteadyPhrase(PhraseQuery);
+
+impl Query for SteadyPhrase {
+    fn weight(&self, scoring: EnableScoring<'_>) -> tantivy::Result<Box<dyn Weight>> {
+        Ok(Box::new(SteadyWeight(self.0.weight(scoring)?)))
+    }
+
+    fn query_terms<'a>(&'a self, visitor: &mut dyn FnMut(&'a Term, bool)) {
+        self.0.query_terms(visitor);
+    }
+}
+
+struct SteadyWeight(Box<dyn Weight>);
+
+impl Weight for SteadyWeight {
+    fn scorer(
+        &self,
+        reader: &tantivy::SegmentReader,
+        boost: Score,
+    ) -> tantivy::Result<Box<dyn Scorer>> {
+        Ok(Box::new(SteadyScorer(self.0.scorer(reader, boost)?)))
+    }
+
+    fn explain(
+        &self,
+        reader: &tantivy::SegmentReader,
+        doc: DocId,
+    ) -> tantivy::Result<tantivy::query::Explanation> {
+        self.0.explain(reader, doc)
+    }
+}
+
+struct SteadyScorer(Box<dyn Scorer>);
+
+impl DocSet for SteadyScorer {
+    fn advance(&mut self) -> DocId {
+        self.0.advance()
+    }
+
+    fn seek(&mut self, target: DocId) -> DocId {
+        self.0.seek(target)
+    }
+
+    fn doc(&self) -> DocId {
+        self.0.doc()
+    }
+
+    fn size_hint(&self) -> u32 {
+        self.0.size_hint()
+    }
+
+    fn cost(&self) -> u64 {
+        self.0.cost()
+    }
+}
+
+impl Scorer for SteadyScorer {
+    fn score(&mut self) -> Score {
+        self.0.score()
+    }
+}
+
+/// The units of a phrase of plain words for the index: a pair term for each pair of
+/// neighbouring common words, and every word no pair holds, at their offsets.
+fn units(words: &[&str], common: &Common) -> Vec<(usize, String)> {
+    let mut covered = vec![false; words.len()];
+    let mut units = Vec::new();
+    for i in 1..words.len() {
+        if common.contains(words[i - 1]) && common.contains(words[i]) {
+            units.push((i - 1, pair(words[i - 1], words[i])));
+            covered[i - 1] = true;
+            covered[i] = true;
+        }
+    }
+    for (i, word) in words.iter().enumerate() {
+        if !covered[i] {
+            units.push((i, word.to_string()));
+        }
+    }
+    units.sort_by_key(|(at, _)| *at);
+    units
+}
+
+/// What a search found: the page of hits asked for, whether more follow, and whether
+/// the index was still being built (the hits may then be incomplete).
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub hits: Vec<Ranked>,
+    pub more: bool,
+    pub indexing: bool,
+}
+
+/// A tantivy query and whether it matches exactly what the expression does.
+struct Compiled {
+    query: Box<dyn Query>,
+    exact: bool,
+}
+
+impl Compiled {
+    fn exact(query: Box<dyn Query>) -> Compiled {
+        Compiled { query, exact: true }
+    }
+}
+
+/// Workspace and layer checked per hit (`Engine::scoped`).
+#[derive(Default)]
+struct Filters {
+    workspace: Option<String>,
+    layer: Option<String>,
+}
+
+/// The checks made in SQLite per candidate: the path scope and, for a query the index
+/// does not answer exactly, the expression in the chunk's text.
+struct Check<'c, 'q> {
+    connection: &'c Connection,
+    query: &'q SearchQuery<'q>,
+    expr: Option<&'q Expr>,
+    scope: ScopeCheck,
+    error: Option<EngineError>,
+}
+
+/// The path scope: file by file at first; once many files were asked about (a narrow
+/// scope over a common word), every file of the scope at once.
+#[derive(Default)]
+struct ScopeCheck {
+    known: HashMap<i64, bool, BuildFx>,
+    all: Option<HashSet<i64, BuildFx>>,
+}
+
+/// Files looked up one at a time before the scope's files are read at once.
+const SCOPE_LOOKUPS: usize = 256;
+
+impl Check<'_, '_> {
+    fn accepts(&mut self, file_id: i64, rowid: i64) -> Result<bool> {
+        Ok(self.in_scope(file_id)? && self.holds(rowid)?)
+    }
+
+    fn in_scope(&mut self, file_id: i64) -> Result<bool> {
+        let Some(scope) = self.query.scope else {
+            return Ok(true);
+        };
+        if let Some(all) = &self.scope.all {
+            return Ok(all.contains(&file_id));
+        }
+        if let Some(known) = self.scope.known.get(&file_id) {
+            return Ok(*known);
+        }
+        if self.scope.known.len() >= SCOPE_LOOKUPS {
+            let mut statement = self.connection.prepare_cached(
+                "SELECT id, path FROM files WHERE workspace = ?1 AND (?2 IS NULL OR path GLOB ?2)",
+            )?;
+            let rows = statement
+                .query_map(params![self.query.workspace, self.query.scope_sql], |row| {
+                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+                })?;
+            let mut all = HashSet::default();
+            for row in rows {
+                let (id, path) = row?;
+                if scope.is_match(&path) {
+                    all.insert(id);
+                }
+            }
+            let inside = all.contains(&file_id);
+            self.scope.all = Some(all);
+            return Ok(inside);
+        }
+        let path: Option<String> = self
+            .connection
+            .prepare_cached("SELECT path FROM files WHERE id = ?1")?
+            .query_row(params![file_id], |row| row.get(0))
+            .optional()?;
+        let inside = path.is_some_and(|p| scope.is_match(&p));
+        self.scope.known.insert(file_id, inside);
+        Ok(inside)
+    }
+
+    fn holds(&mut self, rowid: i64) -> Result<bool> {
+        let Some(expr) = self.expr else {
+            return Ok(true);
+        };
+        let body: Option<String> = self
+            .connection
+            .prepare_cached("SELECT body FROM chunks WHERE rowid = ?1")?
+            .query_row(params![rowid], |row| row.get(0))
+            .optional()?;
+        Ok(body.is_some_and(|body| expr.matches(&tokens::terms(&body))))
+    }
+}
+
 /// One ranked chunk.
 #[derive(Debug, Clone, Copy)]
 pub struct Ranked {
     pub score: f32,
     pub file_id: i64,
     pub rowid: i64,
+}
+
+/// A candidate in the heap of the best: the lowest score on top.
+struct Candidate(Ranked);
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Candidate {}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other
+            .0
+            .score
+            .total_cmp(&self.0.score)
+            .then(self.0.rowid.cmp(&other.0.rowid))
+    }
+}
+
+/// The `need` best chunks of `searcher` for `query`, through tantivy's pruning
+/// collection (block-max WAND: only documents that could enter the heap are scored
+/// and handed over), with our checks per document handed over: workspace and layer
+/// (`filters`), files queued since (`pending`), path scope and text (`check`).
+#[allow(clippy::too_many_arguments)]
+fn collect(
+    searcher: &Searcher,
+    query: &dyn Query,
+    stats: &Combined<'_>,
+    need: usize,
+    filters: &Filters,
+    pending: &HashSet<i64, BuildFx>,
+    check: &mut Check<'_, '_>,
+) -> Result<Vec<Ranked>> {
+    let weight = query.weight(EnableScoring::enabled_from_statistics_provider(
+        stats, searcher,
+    ))?;
+    let mut heap: BinaryHeap<Candidate> = BinaryHeap::with_capacity(need + 1);
+    let mut threshold = Score::MIN;
+    for segment in searcher.segment_readers() {
+        let fast = segment.fast_fields();
+        let file_ids = fast.u64("file_id")?;
+        let rowids = fast.u64("rowid")?;
+        let ordinal = |name: &str, value: &Option<String>| -> Result<Option<Option<u64>>> {
+            let Some(value) = value else {
+                return Ok(Some(None));
+            };
+            let Some(column) = fast.str(name)? else {
+                return Ok(None);
+            };
+            Ok(column.dictionary().term_ord(value)?.map(Some))
+        };
+        // None: no document of this segment passes.
+        let (Some(workspace), Some(layer)) = (
+            ordinal("workspace", &filters.workspace)?,
+            ordinal("layer", &filters.layer)?,
+        ) else {
+            continue;
+        };
+        let workspaces = fast.str("workspace")?;
+        let layers = fast.str("layer")?;
+        let alive = segment.alive_bitset();
+        weight.for_each_pruning(threshold, segment, &mut |doc: DocId, score: Score| {
+            if alive.is_some_and(|a| a.is_deleted(doc)) {
+                return threshold;
+            }
+            let passes = |wanted: Option<u64>, column: &Option<tantivy::columnar::StrColumn>| {
+                wanted.is_none_or(|ord| {
+                    column
+                        .as_ref()
+                        .is_some_and(|c| c.ords().first(doc) == Some(ord))
+                })
+            };
+            if !passes(workspace, &workspaces) || !passes(layer, &layers) {
+                return threshold;
+            }
+            let file_id = file_ids.first(doc).unwrap_or(0) as i64;
+            let rowid = rowids.first(doc).unwrap_or(0) as i64;
+            if pending.contains(&file_id) {
+                return threshold;
+            }
+            match check.accepts(file_id, rowid) {
+                Ok(true) => {}
+                Ok(false) => return threshold,
+                Err(error) => {
+                    check.error.get_or_insert(error);
+                    // Nothing can pass this: the collection ends.
+                    threshold = Score::INFINITY;
+                    return threshold;
+                }
+            }
+            heap.push(Candidate(Ranked {
+                score,
+                file_id,
+                rowid,
+            }));
+            if heap.len() > need {
+                heap.pop();
+            }
+            if heap.len() == need
+                && let Some(lowest) = heap.peek()
+            {
+                threshold = lowest.0.score;
+            }
+            threshold
+        })?;
+        if let Some(error) = check.error.take() {
+            return Err(error);
+        }
+    }
+    let mut ranked: Vec<Ranked> = heap.into_iter().map(|c| c.0).collect();
+    ranked.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.rowid.cmp(&b.rowid)));
+    Ok(ranked)
 }
 
 struct FileRow {
@@ -1016,87 +1972,6 @@ fn file_chunks(connection: &Connection, id: i64) -> Result<Vec<(i64, FileRow, St
         chunks.push((rowid, file, body));
     }
     Ok(chunks)
-}
-
-fn ids(searcher: &Searcher, address: DocAddress) -> Result<(i64, i64)> {
-    let segment = searcher.segment_reader(address.segment_ord);
-    let fast = segment.fast_fields();
-    let file_id = fast.u64("file_id")?.first(address.doc_id).unwrap_or(0);
-    let rowid = fast.u64("rowid")?.first(address.doc_id).unwrap_or(0);
-    Ok((file_id as i64, rowid as i64))
-}
-
-/// Paths of files by id, read once per search, for the `path` scope.
-struct PathCache<'c> {
-    connection: &'c Connection,
-    known: HashMap<i64, bool>,
-}
-
-impl<'c> PathCache<'c> {
-    fn new(connection: &'c Connection) -> Self {
-        PathCache {
-            connection,
-            known: HashMap::new(),
-        }
-    }
-
-    fn in_scope(&mut self, file_id: i64, query: &SearchQuery<'_>) -> Result<bool> {
-        let Some(scope) = query.scope else {
-            return Ok(true);
-        };
-        if let Some(known) = self.known.get(&file_id) {
-            return Ok(*known);
-        }
-        let path: Option<String> = self
-            .connection
-            .prepare_cached("SELECT path FROM files WHERE id = ?1")?
-            .query_row(params![file_id], |row| row.get(0))
-            .optional()?;
-        let inside = path.is_some_and(|p| scope.is_match(&p));
-        self.known.insert(file_id, inside);
-        Ok(inside)
-    }
-}
-
-/// Whether a chunk holds the query's phrases of three words or more, in order: the
-/// index has their pairs without positions, so a chunk with "a b" and "b c" but not
-/// "a b c" is a candidate to drop. Each chunk is read once per search.
-struct Verifier<'p> {
-    long: Vec<&'p [String]>,
-    known: HashMap<i64, bool>,
-}
-
-impl<'p> Verifier<'p> {
-    fn new(phrases: &'p [Vec<String>]) -> Self {
-        Verifier {
-            long: phrases
-                .iter()
-                .filter(|p| p.len() > 2)
-                .map(Vec::as_slice)
-                .collect(),
-            known: HashMap::new(),
-        }
-    }
-
-    fn holds(&mut self, connection: &Connection, rowid: i64) -> Result<bool> {
-        if self.long.is_empty() {
-            return Ok(true);
-        }
-        if let Some(known) = self.known.get(&rowid) {
-            return Ok(*known);
-        }
-        let body: Option<String> = connection
-            .prepare_cached("SELECT body FROM chunks WHERE rowid = ?1")?
-            .query_row(params![rowid], |row| row.get(0))
-            .optional()?;
-        let holds = body.is_some_and(|body| {
-            self.long
-                .iter()
-                .all(|phrase| tokens::contains_phrase(&body, phrase))
-        });
-        self.known.insert(rowid, holds);
-        Ok(holds)
-    }
 }
 
 /// BM25 statistics of the committed index and the overlay together, so both score
@@ -1144,93 +2019,36 @@ impl Bm25StatisticsProvider for Combined<'_> {
     }
 }
 
-/// The phrases (each a list of terms) of an FTS5 query made only of "quoted phrases"
-/// and plain words, all of which must match; None for anything else (OR, NOT, NEAR,
-/// prefix*, ^, column filters, malformed input): FTS5 answers those.
-pub fn parse(fts: &str) -> Option<Vec<Vec<String>>> {
-    let mut phrases = Vec::new();
-    let mut chars = fts.chars().peekable();
-    loop {
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        let Some(first) = chars.next() else {
-            break;
-        };
-        let text = if first == '"' {
-            let mut text = String::new();
-            loop {
-                match chars.next()? {
-                    '"' if chars.next_if_eq(&'"').is_some() => text.push('"'),
-                    '"' => break,
-                    c => text.push(c),
-                }
-            }
-            // A phrase must be followed by a space or the end (not `*`, `:` …).
-            if chars.peek().is_some_and(|c| !c.is_whitespace()) {
-                return None;
-            }
-            text
-        } else {
-            let mut word = String::from(first);
-            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
-                word.push(c);
-            }
-            let bare = word
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || !c.is_ascii());
-            if !bare || matches!(word.as_str(), "AND" | "OR" | "NOT" | "NEAR") {
-                return None;
-            }
-            word
-        };
-        let terms = tokens::terms(&text);
-        if terms.is_empty() || terms.iter().any(|t| t.len() > MAX_TERM) {
-            return None;
-        }
-        phrases.push(terms);
-    }
-    (!phrases.is_empty()).then_some(phrases)
-}
-
-/// A hit of the committed index or the overlay, completed from SQLite: path, kind,
-/// page, heading trail, and a snippet with the words in bold made from the chunk's
-/// text (`snippet.rs`) as FTS5 makes it.
+/// Hits completed from SQLite: path, kind, page, heading trail, and a snippet with
+/// the words in bold made from the chunk's text (`snippet.rs`) as FTS5 makes it.
 pub fn complete(
     connection: &Connection,
-    fts: &str,
+    expr: &Expr,
     ranked: &[Ranked],
 ) -> rusqlite::Result<Vec<Hit>> {
-    let phrases = parse(fts).unwrap_or_default();
-    let mut file =
-        connection.prepare_cached("SELECT path, layer, kind FROM files WHERE id = ?1")?;
-    let mut chunk =
-        connection.prepare_cached("SELECT page, heading, body FROM chunks WHERE rowid = ?1")?;
+    let phrases = expr.phrases();
+    let mut statement = connection.prepare_cached(
+        "SELECT f.path, f.layer, f.kind, c.page, c.heading, c.body
+         FROM chunks c JOIN files f ON f.id = ?2 WHERE c.rowid = ?1",
+    )?;
     let mut hits = Vec::with_capacity(ranked.len());
     for hit in ranked {
-        let Some((path, layer, kind)) = file
-            .query_row(params![hit.file_id], |row| {
+        let Some((path, layer, kind, page, heading, body)) = statement
+            .query_row(params![hit.rowid, hit.file_id], |row| {
                 Ok((
                     row.get::<_, String>(0)?,
                     row.get::<_, String>(1)?,
                     row.get::<_, String>(2)?,
+                    row.get::<_, Option<i64>>(3)?,
+                    row.get::<_, Option<String>>(4)?,
+                    row.get::<_, String>(5)?,
                 ))
             })
             .optional()?
         else {
             continue;
         };
-        let Some((page, heading, body)) = chunk
-            .query_row(params![hit.rowid], |row| {
-                Ok((
-                    row.get::<_, Option<i64>>(0)?,
-                    row.get::<_, Option<String>>(1)?,
-                    row.get::<_, String>(2)?,
-                ))
-            })
-            .optional()?
-        else {
-            continue;
-        };
-        // No phrase in the text would mean our terms and the index's differ: the
+        // No phrase in the text (the index answered from a chunk changed since): the
         // chunk's opening words then.
         let snippet = super::snippet::snippet(&body, &phrases, SNIPPET_TOKENS)
             .unwrap_or_else(|| opening(&body));
@@ -1247,7 +2065,7 @@ pub fn complete(
     Ok(hits)
 }
 
-/// Tokens in a snippet (FTS5's `snippet(…, 24)` in `search.rs`).
+/// Tokens in a snippet (FTS5's `snippet(…, 24)`, as before the index).
 const SNIPPET_TOKENS: usize = 24;
 
 fn opening(body: &str) -> String {
@@ -1263,25 +2081,6 @@ fn opening(body: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn parse_takes_words_and_phrases_only() {
-        assert_eq!(
-            parse("\"hello\" \"big world\""),
-            Some(vec![
-                vec!["hello".to_string()],
-                vec!["big".into(), "world".into()]
-            ])
-        );
-        assert_eq!(parse("wombats"), Some(vec![vec!["wombat".to_string()]]));
-        assert_eq!(parse("\"unbalanced"), None);
-        assert_eq!(parse("a OR b"), None);
-        assert_eq!(parse("pre*"), None);
-        assert_eq!(parse("\"pre\"*"), None);
-        assert_eq!(parse("body:x"), None);
-        assert_eq!(parse("\"+++\""), None);
-        assert_eq!(parse("  "), None);
-    }
-
     fn wait_until_committed(store: &Store) {
         let started = std::time::Instant::now();
         loop {
@@ -1294,95 +2093,266 @@ mod tests {
         }
     }
 
-    fn paths(hits: &[Hit]) -> Vec<String> {
-        let mut paths: Vec<String> = hits.iter().map(|h| h.path.clone()).collect();
-        paths.sort();
-        paths
+    /// A small xorshift generator: the same pages and queries on every run.
+    struct Random(u64);
+
+    impl Random {
+        fn next(&mut self, below: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % below as u64) as usize
+        }
     }
 
-    /// The index finds what FTS5 finds, from its committed segments and from the
-    /// overlay of changes not committed yet, and forgets deleted files at once.
-    #[test]
-    fn index_and_overlay_find_what_fts5_finds() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(alexandria_proto::Home::new(dir.path())).expect("store");
-        let wiki = store.workspace_dir("global").join("wiki");
-        std::fs::create_dir_all(wiki.join("sub")).expect("mkdir");
-        for (name, text) in [
-            (
-                "a.md",
-                "# A\n\nThe wombats were running through the big wombat burrow.\n",
-            ),
-            (
-                "b.md",
-                "# B\n\n## Burrows\nA big wombat digs. Café déjà vu.\n",
-            ),
-            (
-                "sub/c.md",
-                "# C\n\nquokka and wombat, the quick brown fox\n",
-            ),
-        ] {
-            std::fs::write(wiki.join(name), text).expect("write");
+    const WORDS: &[&str] = &[
+        "the", "the", "the", "of", "of", "and", "wombat", "wombats", "burrow", "digging", "big",
+        "big", "red", "kelp", "forest", "sea", "quokka", "runs", "running", "café", "night",
+    ];
+
+    fn page(random: &mut Random, unique: usize) -> String {
+        let mut text = String::from("# Page\n\n");
+        for section in 0..2 {
+            if section == 1 {
+                text.push_str("\n## Part\n");
+            }
+            for _ in 0..(5 + random.next(25)) {
+                text.push_str(WORDS[random.next(WORDS.len())]);
+                text.push(' ');
+            }
+            text.push_str(&format!("unique{unique} end.\n"));
         }
-        super::super::catch_up(&store, "global").expect("catch up");
-        start_engine(&store);
-        wait_until_committed(&store);
-        let engine = get(&store).expect("engine");
+        text
+    }
+
+    /// Phrases cut from the pages' text: common words, pairs of them, and the unique
+    /// words among them.
+    fn cut_phrases(random: &mut Random, pages: &[String]) -> Vec<String> {
+        let mut queries = Vec::new();
+        for _ in 0..200 {
+            let words: Vec<&str> = pages[random.next(pages.len())]
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .collect();
+            let length = 2 + random.next(3);
+            if words.len() <= length {
+                continue;
+            }
+            let from = random.next(words.len() - length);
+            let mut phrase = words[from..from + length].join(" ");
+            if random.next(4) == 0 {
+                phrase.pop(); // the last word as a prefix
+                queries.push(format!("\"{phrase}\" *"));
+            } else {
+                queries.push(format!("\"{phrase}\""));
+            }
+        }
+        queries
+    }
+
+    fn queries(random: &mut Random) -> Vec<String> {
+        let mut queries: Vec<String> = [
+            "wombat",
+            "the",
+            "\"the big\"",
+            "\"big red kelp\"",
+            "\"the the\"",
+            "\"of the big\"",
+            "\"quokka runs\"",
+            "big kelp",
+            "wom*",
+            "\"big wom\" *",
+            "r*",
+            "kelp OR quokka",
+            "the NOT wombat",
+            "big NOT \"red kelp\"",
+            "NEAR(wombat kelp, 2)",
+            "NEAR(\"the big\" sea)",
+            "the NOT NEAR(big red, 0)",
+            "^the",
+            "^\"the big\"",
+            "heading:the OR kelp",
+            "-heading:kelp",
+            "unique3",
+            "unique3 OR unique7",
+            "\"unique3 end\"",
+            "cafe",
+            "zebra",
+        ]
+        .iter()
+        .map(|q| q.to_string())
+        .collect();
+        let pieces = [
+            "the",
+            "of",
+            "big",
+            "red",
+            "kelp",
+            "wombat",
+            "sea",
+            "bur*",
+            "r*",
+            "OR",
+            "NOT",
+            "AND",
+            "(",
+            ")",
+            "\"the big\"",
+            "\"red kelp forest\"",
+            "\"of the\"",
+            "NEAR(kelp sea, 3)",
+            "^big",
+        ];
+        for _ in 0..300 {
+            let length = 1 + random.next(5);
+            let query: Vec<&str> = (0..length)
+                .map(|_| pieces[random.next(pieces.len())])
+                .collect();
+            queries.push(query.join(" "));
+        }
+        queries
+    }
+
+    /// The rowids of the chunks the expression matches, read from SQLite.
+    fn expected(connection: &Connection, expr: &Expr) -> BTreeSet<i64> {
+        let mut statement = connection
+            .prepare("SELECT c.rowid, c.body FROM chunks c JOIN files f ON f.id = c.rowid >> 20 WHERE f.workspace = 'global'")
+            .expect("prepare");
+        let rows = statement
+            .query_map([], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+            })
+            .expect("query");
+        rows.map(|row| row.expect("row"))
+            .filter(|(_, body)| expr.matches(&tokens::terms(body)))
+            .map(|(rowid, _)| rowid)
+            .collect()
+    }
+
+    fn compare(engine: &Engine, store: &Store, queries: &[String], when: &str) -> usize {
         let connection = store.pool.get().expect("conn");
-        let check = |text: &str, expected: &[&str]| {
+        let mut compared = 0;
+        for text in queries {
+            let Ok(expr) = super::super::query::parse(text) else {
+                continue;
+            };
             let query = SearchQuery {
                 workspace: "global",
                 query: text,
                 layer: None,
                 scope: None,
                 scope_sql: None,
-                limit: 10,
+                limit: 1000,
                 offset: 0,
             };
-            let fts = super::super::fts_query(text).expect("query");
-            assert!(
-                engine
-                    .search(&connection, &query, &fts)
-                    .expect("search")
-                    .is_some(),
-                "the index answers {text}"
+            let answer = engine.search(&connection, &query, &expr).expect("search");
+            assert!(!answer.indexing, "{when}: {text}");
+            let found: BTreeSet<i64> = answer.hits.iter().map(|h| h.rowid).collect();
+            assert_eq!(
+                found.len(),
+                answer.hits.len(),
+                "{when}: {text}: a chunk twice"
             );
-            let (ranked, _) =
-                super::super::search_ranked(&store, &connection, &query).expect("ranked");
-            let (fts5, _) = super::super::search(&connection, &query).expect("fts5");
-            assert_eq!(paths(&ranked), paths(&fts5), "{text}");
-            let mut expected: Vec<String> = expected.iter().map(|p| format!("wiki/{p}")).collect();
-            expected.sort();
-            assert_eq!(paths(&ranked), expected, "{text}");
-            assert!(
-                ranked.iter().all(|h| h.snippet.contains("**")),
-                "{ranked:?}"
-            );
-        };
-        check("wombat", &["a.md", "b.md", "sub/c.md"]);
-        check("\"big wombat\"", &["a.md", "b.md"]);
-        check("\"the quick brown\"", &["sub/c.md"]);
-        check("running wombats", &["a.md"]);
-        check("cafe", &["b.md"]);
-        check("zebra", &[]);
+            assert_eq!(found, expected(&connection, &expr), "{when}: {text}");
+            compared += usize::from(!found.is_empty());
+        }
+        compared
+    }
 
-        // A change not committed to the index yet is found through the overlay.
-        std::fs::write(wiki.join("d.md"), "# D\n\nzebra and big wombat\n").expect("write");
-        super::super::refresh_paths(&store, "global", &["wiki/d.md".to_string()]).expect("refresh");
-        check("zebra", &["d.md"]);
-        check("\"big wombat\"", &["a.md", "b.md", "d.md"]);
-        std::fs::remove_file(wiki.join("a.md")).expect("rm");
-        super::super::refresh_paths(&store, "global", &["wiki/a.md".to_string()]).expect("refresh");
-        check("\"big wombat\"", &["b.md", "d.md"]);
+    /// The index finds exactly the chunks the query matches (as FTS5 matched them:
+    /// `query.rs`), for every form of the query language, from its committed segments
+    /// and from the overlay of changes not committed yet, with common words' pairs
+    /// and without.
+    #[test]
+    fn index_and_overlay_find_what_the_query_matches() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(alexandria_proto::Home::new(dir.path())).expect("store");
+        let wiki = store.workspace_dir("global").join("wiki");
+        let mut random = Random(0x2545_f491_4f6c_dd1d);
+        let mut pages = Vec::new();
+        for i in 0..80 {
+            pages.push(page(&mut random, i));
+            std::fs::write(wiki.join(format!("p{i}.md")), &pages[i]).expect("write");
+        }
+        super::super::catch_up(&store, "global").expect("catch up");
+        start(&store);
         wait_until_committed(&store);
-        check("\"big wombat\"", &["b.md", "d.md"]);
-        check("zebra", &["d.md"]);
+        let engine = get(&store).expect("engine");
+        let common = &engine.snapshot().common;
+        assert!(
+            common.contains("the") && common.contains("big"),
+            "{common:?}"
+        );
+        assert!(!common.contains("unique3"), "{common:?}");
+        let mut queries = queries(&mut random);
+        queries.extend(cut_phrases(&mut random, &pages));
+        let compared = compare(&engine, &store, &queries, "committed");
+        assert!(compared > 100, "only {compared} queries found something");
+
+        // Changes not committed to the index yet are found through the overlay.
+        let mut changed = Vec::new();
+        for i in 80..90 {
+            pages.push(page(&mut random, i));
+            std::fs::write(wiki.join(format!("p{i}.md")), &pages[i]).expect("write");
+            changed.push(format!("wiki/p{i}.md"));
+        }
+        queries.extend(cut_phrases(&mut random, &pages[80..]));
+        for i in [1, 2] {
+            std::fs::remove_file(wiki.join(format!("p{i}.md"))).expect("rm");
+            changed.push(format!("wiki/p{i}.md"));
+        }
+        std::fs::write(wiki.join("p3.md"), "# Changed\n\nthe big red kelp forest\n").expect("edit");
+        changed.push("wiki/p3.md".into());
+        super::super::refresh_paths(&store, "global", &changed).expect("refresh");
+        compare(&engine, &store, &queries, "overlay");
+        wait_until_committed(&store);
+        compare(&engine, &store, &queries, "committed again");
     }
 
     #[test]
     fn payload_round_trips() {
-        assert_eq!(parse_payload(Some(&payload("g1", 42)), "g1"), Some(42));
-        assert_eq!(parse_payload(Some(&payload("g1", 42)), "g2"), None);
-        assert_eq!(parse_payload(None, "g1"), None);
+        let common = Common {
+            words: ["a", "b"].iter().map(|w| w.to_string()).collect(),
+        };
+        let text = payload("g1", 42, 7, &common);
+        let parsed = parse_payload(Some(&text), "g1").expect("parsed");
+        assert_eq!((parsed.seq, parsed.basis), (42, 7));
+        assert_eq!(parsed.common.words, common.words);
+        assert!(parse_payload(Some(&text), "g2").is_none());
+        assert!(parse_payload(None, "g1").is_none());
+        let none = payload("g1", 1, 0, &Common::default());
+        assert!(
+            parse_payload(Some(&none), "g1")
+                .expect("parsed")
+                .common
+                .words
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn phrases_become_pairs_of_common_words() {
+        let common = Common {
+            words: ["a", "b", "c"].iter().map(|w| w.to_string()).collect(),
+        };
+        let at = |units: Vec<(usize, String)>| -> Vec<(usize, String)> { units };
+        assert_eq!(at(units(&["a"], &common)), vec![(0, "a".to_string())]);
+        assert_eq!(at(units(&["a", "b"], &common)), vec![(0, pair("a", "b"))]);
+        assert_eq!(
+            at(units(&["a", "b", "c"], &common)),
+            vec![(0, pair("a", "b")), (1, pair("b", "c"))]
+        );
+        assert_eq!(
+            at(units(&["x", "a", "b", "y"], &common)),
+            vec![
+                (0, "x".to_string()),
+                (1, pair("a", "b")),
+                (3, "y".to_string())
+            ]
+        );
+        assert_eq!(
+            at(units(&["a", "x", "b"], &common)),
+            vec![(0, "a".into()), (1, "x".into()), (2, "b".into())]
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! The full-text index and file catalogue in `state.db`: indexing files, catching up
-//! with the disk, ranked search (FTS5 bm25 with snippets) and listings.
+//! The file catalogue and the chunks' text in `state.db` (indexing files, catching up
+//! with the disk), the ranked search index fed from it (`engine`), the query
+//! language (`query`), and listings.
 //!
 //! May import: `workspace` (paths, revisions), `db`, `error`. Extraction (`extract`:
 //! kinds, PDF text per page) and markdown parsing (`markdown`: sections, citations) live
@@ -9,12 +10,13 @@ pub mod engine;
 pub mod extract;
 pub mod glob;
 pub mod markdown;
+pub mod query;
 pub mod search;
 pub mod snippet;
 pub mod tokens;
 
 pub use glob::PathGlob;
-pub use search::{Hit, SearchQuery, fts_query, list, search, search_ranked};
+pub use search::{Found, Hit, SearchQuery, list, search_ranked};
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -126,13 +128,16 @@ pub fn index_file(
     if let Some(problem) = &extracted.problem {
         tracing::info!(workspace, path, problem, "indexed with a problem");
     }
-    connection.execute(
+    // Cached statements: preparing one compiles the triggers on `files` into it, which
+    // cost more than running it (a cold index prepares them once, not once per file).
+    connection.prepare_cached(
         "INSERT INTO files(workspace, path, layer, kind, size, mtime_ns, rev, pages, title, indexed_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
          ON CONFLICT(workspace, path) DO UPDATE SET
            layer = excluded.layer, kind = excluded.kind, size = excluded.size,
            mtime_ns = excluded.mtime_ns, rev = excluded.rev, pages = excluded.pages,
            title = excluded.title, indexed_at = excluded.indexed_at",
+    )?.execute(
         params![
             workspace,
             path,
@@ -166,11 +171,12 @@ pub fn index_file(
 fn delete_chunks(connection: &Connection, file_id: i64) -> ToolResult<()> {
     let low = file_id << CHUNK_BITS;
     let high = low | MAX_CHUNKS as i64;
-    connection.execute(
-        "DELETE FROM chunks WHERE rowid BETWEEN ?1 AND ?2",
-        params![low, high],
-    )?;
-    connection.execute("DELETE FROM citations WHERE file_id = ?1", params![file_id])?;
+    connection
+        .prepare_cached("DELETE FROM chunks WHERE rowid BETWEEN ?1 AND ?2")?
+        .execute(params![low, high])?;
+    connection
+        .prepare_cached("DELETE FROM citations WHERE file_id = ?1")?
+        .execute(params![file_id])?;
     Ok(())
 }
 
@@ -178,7 +184,9 @@ fn delete_chunks(connection: &Connection, file_id: i64) -> ToolResult<()> {
 pub fn remove_file(connection: &Connection, workspace: &str, path: &str) -> ToolResult<()> {
     if let Some(record) = lookup(connection, workspace, path)? {
         delete_chunks(connection, record.id)?;
-        connection.execute("DELETE FROM files WHERE id = ?1", params![record.id])?;
+        connection
+            .prepare_cached("DELETE FROM files WHERE id = ?1")?
+            .execute(params![record.id])?;
     }
     Ok(())
 }
@@ -521,12 +529,16 @@ mod tests {
     use super::*;
     use alexandria_proto::ErrorCode;
 
-    #[test]
-    fn plain_queries_are_quoted() {
-        assert_eq!(fts_query("hello world").expect("ok"), "\"hello\" \"world\"");
-        assert_eq!(fts_query("c++ (x").expect("ok"), "c++ (x");
-        assert_eq!(fts_query("don't").expect("ok"), "\"don't\"");
-        assert!(fts_query("  ").is_err());
+    fn query<'a>(text: &'a str) -> SearchQuery<'a> {
+        SearchQuery {
+            workspace: "global",
+            query: text,
+            layer: None,
+            scope: None,
+            scope_sql: None,
+            limit: 10,
+            offset: 0,
+        }
     }
 
     #[test]
@@ -541,28 +553,18 @@ mod tests {
         .expect("write");
         let result = catch_up(&store, "global").expect("catch up");
         assert!(result.indexed >= 4, "{result:?}");
+        engine::start(&store);
         let connection = store.pool.get().expect("conn");
-        let query = SearchQuery {
-            workspace: "global",
-            query: "quokka",
-            layer: None,
-            scope: None,
-            scope_sql: None,
-            limit: 10,
-            offset: 0,
-        };
-        let (hits, more) = search(&connection, &query).expect("search");
-        assert_eq!(hits.len(), 1);
-        assert!(!more);
-        assert_eq!(hits[0].path, "wiki/zebra.md");
-        assert_eq!(hits[0].heading, "Zebras > Stripes");
-        assert!(hits[0].snippet.contains("**quokka**"));
-        let bad = SearchQuery {
-            query: "\"unbalanced",
-            ..query
-        };
+        let found = search_ranked(&store, &connection, &query("quokka")).expect("search");
+        assert_eq!(found.hits.len(), 1);
+        assert!(!found.more && !found.indexing);
+        assert_eq!(found.hits[0].path, "wiki/zebra.md");
+        assert_eq!(found.hits[0].heading, "Zebras > Stripes");
+        assert!(found.hits[0].snippet.contains("**quokka**"));
         assert_eq!(
-            search(&connection, &bad).expect_err("bad").code,
+            search_ranked(&store, &connection, &query("\"unbalanced"))
+                .expect_err("bad")
+                .code,
             ErrorCode::InvalidQuery
         );
         std::fs::remove_file(&page).expect("rm");
@@ -570,11 +572,8 @@ mod tests {
         let result = catch_up(&store, "global").expect("catch up");
         assert_eq!(result.removed, 1);
         let connection = store.pool.get().expect("conn");
-        let query = SearchQuery {
-            query: "quokka",
-            ..bad
-        };
-        assert!(search(&connection, &query).expect("search").0.is_empty());
+        let found = search_ranked(&store, &connection, &query("quokka")).expect("search");
+        assert!(found.hits.is_empty());
     }
 
     #[test]
@@ -594,6 +593,7 @@ mod tests {
             std::fs::write(wiki.join(name), text).expect("write");
         }
         catch_up(&store, "global").expect("catch up");
+        engine::start(&store);
         let connection = store.pool.get().expect("conn");
         let scoped = PathGlob::new("wiki/sub/**").expect("glob");
         // (offset, limit, scope, expected paths, more)
@@ -613,19 +613,17 @@ mod tests {
         ];
         for (offset, limit, scope, expected, more) in cases {
             let query = SearchQuery {
-                workspace: "global",
-                query: "wombat",
-                layer: None,
                 scope: scope.then_some(&scoped),
                 scope_sql: scope.then(|| "wiki/sub/*".to_string()),
                 limit: *limit,
                 offset: *offset,
+                ..query("wombat")
             };
-            let (hits, has_more) = search(&connection, &query).expect("search");
-            let paths: Vec<&str> = hits.iter().map(|h| h.path.as_str()).collect();
+            let found = search_ranked(&store, &connection, &query).expect("search");
+            let paths: Vec<&str> = found.hits.iter().map(|h| h.path.as_str()).collect();
             assert_eq!(&paths, expected, "offset {offset} limit {limit}");
-            assert_eq!(has_more, *more, "offset {offset} limit {limit}");
-            assert!(hits.iter().all(|h| h.snippet.contains("**wombat**")));
+            assert_eq!(found.more, *more, "offset {offset} limit {limit}");
+            assert!(found.hits.iter().all(|h| h.snippet.contains("**wombat**")));
         }
     }
 }

@@ -1,10 +1,9 @@
-//! Ranked full-text search (the search index of `engine.rs`, or FTS5 `MATCH` and bm25;
-//! snippets for the returned hits from FTS5) and path listings over the catalogue.
+//! Ranked full-text search (the search index of `engine.rs`, snippets from the hits'
+//! stored text) and path listings over the catalogue.
 
 use super::glob::PathGlob;
 use super::*;
 use crate::error::{ToolError, ToolResult};
-use alexandria_proto::ErrorCode;
 use alexandria_proto::paths::Layer;
 use rusqlite::{Connection, params};
 
@@ -35,155 +34,41 @@ pub struct SearchQuery<'a> {
     pub offset: usize,
 }
 
-/// Ranked full-text search through the search index (`engine.rs`) when it can answer,
-/// else through FTS5 (`search`). Returns the hits and whether more follow.
+/// What a ranked search found.
+#[derive(Debug)]
+pub struct Found {
+    pub hits: Vec<Hit>,
+    /// More hits follow (for the next cursor).
+    pub more: bool,
+    /// The search index was still being built and did not catch up within
+    /// `engine::SEARCH_WAIT`: the hits come from what it had indexed.
+    pub indexing: bool,
+}
+
+/// Ranked full-text search through the search index (`engine.rs`): the query parsed
+/// (`query.rs`; `invalid_query` when malformed), the best chunks, their snippets.
 pub fn search_ranked(
     store: &crate::workspace::Store,
     connection: &Connection,
     query: &SearchQuery<'_>,
-) -> ToolResult<(Vec<Hit>, bool)> {
-    let fts = fts_query(query.query)?;
-    if let Some(engine) = super::engine::get(store) {
-        match engine.search(connection, query, &fts) {
-            Ok(Some((ranked, more))) => {
-                let hits = super::engine::complete(connection, &fts, &ranked)
-                    .map_err(|e| query_error(query.query, e))?;
-                return Ok((hits, more));
-            }
-            Ok(None) => {}
-            Err(error) => tracing::warn!(%error, "search index failed; FTS5 answers"),
-        }
-    }
-    search(connection, query)
-}
-
-/// Ranked full-text search with FTS5 alone. Returns the hits and whether more follow.
-pub fn search(connection: &Connection, query: &SearchQuery<'_>) -> ToolResult<(Vec<Hit>, bool)> {
-    let fts = fts_query(query.query)?;
-    // Two steps: rank every match (bm25 only), then read page, heading and snippet
-    // for the hits returned. A snippet re-reads and re-tokenizes its chunk, so
-    // computing it in the ranking query cost one per match, not one per hit: 0.75 s
-    // for a word in 28k chunks. Without a glob to check here, SQL stops after the
-    // last hit needed.
-    let sql = "SELECT chunks.rowid, f.path, f.layer, f.kind, bm25(chunks)
-               FROM chunks JOIN files f ON f.id = (chunks.rowid >> 20)
-               WHERE chunks MATCH ?1 AND f.workspace = ?2
-                 AND (?3 IS NULL OR f.layer = ?3)
-                 AND (?4 IS NULL OR f.path GLOB ?4)
-               ORDER BY bm25(chunks)
-               LIMIT ?5";
-    let sql_limit = match query.scope {
-        Some(_) => -1,
-        None => (query.offset + query.limit + 1) as i64,
-    };
-    let mut statement = connection
-        .prepare_cached(sql)
-        .map_err(|e| query_error(query.query, e))?;
-    let mut rows = statement
-        .query(params![
-            fts,
-            query.workspace,
-            query.layer.map(Layer::as_str),
-            query.scope_sql,
-            sql_limit
-        ])
-        .map_err(|e| query_error(query.query, e))?;
-    let mut ranked = Vec::new();
-    let mut skipped = 0;
-    let mut more = false;
-    while let Some(row) = rows.next().map_err(|e| query_error(query.query, e))? {
-        let path: String = row.get(1)?;
-        if let Some(scope) = query.scope
-            && !scope.is_match(&path)
-        {
-            continue;
-        }
-        if skipped < query.offset {
-            skipped += 1;
-            continue;
-        }
-        if ranked.len() == query.limit {
-            more = true;
-            break;
-        }
-        let rowid: i64 = row.get(0)?;
-        let layer: String = row.get(2)?;
-        let kind: String = row.get(3)?;
-        let score: f64 = row.get(4)?;
-        ranked.push((rowid, path, layer, kind, score));
-    }
-    drop(rows);
-    let mut detail = connection
-        .prepare_cached(
-            "SELECT page, heading, snippet(chunks, 2, '**', '**', '…', 24)
-             FROM chunks WHERE chunks MATCH ?1 AND rowid = ?2",
-        )
-        .map_err(|e| query_error(query.query, e))?;
-    let mut hits = Vec::with_capacity(ranked.len());
-    for (rowid, path, layer, kind, score) in ranked {
-        let (page, heading, snippet) = detail
-            .query_row(params![fts, rowid], |row| {
-                Ok((
-                    row.get::<_, Option<i64>>(0)?,
-                    row.get::<_, Option<String>>(1)?,
-                    row.get::<_, String>(2)?,
-                ))
-            })
-            .map_err(|e| query_error(query.query, e))?;
-        hits.push(Hit {
-            path,
-            layer,
-            kind,
-            page,
-            heading: heading.unwrap_or_default(),
-            snippet: snippet.trim().to_string(),
-            score: -score,
-        });
-    }
-    Ok((hits, more))
-}
-
-fn query_error(query: &str, error: rusqlite::Error) -> ToolError {
-    let text = error.to_string();
-    // FTS5 reports query syntax problems as plain SQLITE_ERROR at step time.
-    let is_syntax = matches!(
-        &error,
-        rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::Unknown
-    );
-    if is_syntax {
-        ToolError::new(
-            ErrorCode::InvalidQuery,
-            format!("cannot parse the search query {query:?}: {text}"),
-            "use plain words (all must match), \"an exact phrase\", word* for a prefix, OR / NOT between words; or drop the special characters",
-        )
-    } else {
-        ToolError::internal("search", error)
-    }
-}
-
-/// Turn a user query into an FTS5 query. Plain words are quoted so punctuation
-/// cannot break the syntax; queries that use FTS5 syntax on purpose pass through.
-pub fn fts_query(query: &str) -> ToolResult<String> {
-    let trimmed = query.trim();
-    if trimmed.is_empty() {
-        return Err(ToolError::new(
-            ErrorCode::InvalidQuery,
-            "the search query is empty",
-            "pass words to look for, or use mode=\"list\" to list files",
+) -> ToolResult<Found> {
+    let expr = super::query::parse(query.query)?;
+    let deadline = std::time::Instant::now() + super::engine::SEARCH_WAIT;
+    let Some(engine) = super::engine::wait_for(store, deadline) else {
+        return Err(ToolError::internal(
+            "search",
+            "the search index could not be opened (see the daemon's log)",
         ));
-    }
-    let uses_syntax = trimmed.contains(['"', '*', '(', ')', '^'])
-        || trimmed
-            .split_whitespace()
-            .any(|w| matches!(w, "AND" | "OR" | "NOT") || w.starts_with("NEAR("));
-    if uses_syntax {
-        return Ok(trimmed.to_string());
-    }
-    let terms: Vec<String> = trimmed
-        .split_whitespace()
-        .map(|word| format!("\"{}\"", word.replace('"', "\"\"")))
-        .collect();
-    Ok(terms.join(" "))
+    };
+    let answer = engine
+        .search(connection, query, &expr)
+        .map_err(|e| ToolError::internal("search", e))?;
+    let hits = super::engine::complete(connection, &expr, &answer.hits)?;
+    Ok(Found {
+        hits,
+        more: answer.more,
+        indexing: answer.indexing,
+    })
 }
 
 /// Files of a workspace whose path matches `scope`, sorted by path. `scope_sql` is a

@@ -4,16 +4,15 @@
 //! (a window starting a sentence gets a bonus), matches in bold. Asking FTS5 for the
 //! snippet cost a `MATCH` per hit, which for common words walks their position lists.
 
+use super::query::{Phrase, Word, near_instances};
 use super::tokens::Terms;
 
-/// One token: its byte range and which query term it is (`NONE` for others).
+/// One token: its byte range and which of the query's words it is (bit i: word i).
 struct Token {
     start: usize,
     end: usize,
-    term: u16,
+    words: u64,
 }
-
-const NONE: u16 = u16::MAX;
 
 /// A phrase found in the text: its phrase number and first token.
 #[derive(Clone, Copy)]
@@ -22,56 +21,107 @@ struct Instance {
     at: usize,
 }
 
-/// The snippet of `text` for `phrases` (each a list of terms, as `engine::parse` gives
-/// them), `size` tokens long; None when no phrase is in the text.
-pub fn snippet(text: &str, phrases: &[Vec<String>], size: usize) -> Option<String> {
-    let mut vocabulary: Vec<&str> = Vec::new();
-    let phrases: Vec<Vec<u16>> = phrases
+/// The snippet of `text` for `phrases`, `size` tokens long; None when no phrase is in
+/// the text. Only words whose first letter starts one of the query's words are
+/// stemmed (stemming keeps the first letter), which is most of a snippet's cost.
+pub fn snippet(
+    text: &str,
+    phrases: &[(&Phrase, Option<(usize, usize)>)],
+    size: usize,
+) -> Option<String> {
+    // The query's distinct words (up to 64: one bit each); phrases by word number.
+    let mut words: Vec<&Word> = Vec::new();
+    let groups: Vec<Option<(usize, usize)>> = phrases.iter().map(|(_, group)| *group).collect();
+    let phrases: Vec<(bool, Vec<usize>)> = phrases
         .iter()
-        .map(|terms| {
-            terms
+        .map(|(phrase, _)| {
+            let ids = phrase
+                .words
                 .iter()
-                .map(|term| {
-                    let id = vocabulary
-                        .iter()
-                        .position(|t| *t == term)
-                        .unwrap_or_else(|| {
-                            vocabulary.push(term);
-                            vocabulary.len() - 1
-                        });
-                    u16::try_from(id).unwrap_or(NONE)
+                .map(|word| {
+                    words.iter().position(|w| *w == word).unwrap_or_else(|| {
+                        words.push(word);
+                        words.len() - 1
+                    })
                 })
-                .collect()
+                .collect();
+            (phrase.first, ids)
         })
         .collect();
+    let mut first_bytes = [false; 256];
+    for word in &words {
+        if let Some(&b) = word.term.as_bytes().first() {
+            first_bytes[usize::from(b)] = true;
+        }
+    }
     let mut tokens = Vec::new();
     let mut sentences = Vec::new();
     let mut terms = Terms::new(text);
-    while let Some(range) = terms.advance() {
-        let term = vocabulary
-            .iter()
-            .position(|t| *t == terms.term())
-            .and_then(|id| u16::try_from(id).ok())
-            .unwrap_or(NONE);
+    while let Some((range, folded)) = terms.advance_if(&first_bytes) {
+        let mut matched = 0u64;
+        if folded {
+            terms.stem();
+            for (i, word) in words.iter().enumerate().take(64) {
+                if word.matches(terms.term()) {
+                    matched |= 1 << i;
+                }
+            }
+        }
         if tokens.is_empty() || starts_sentence(text, range.start) {
             sentences.push(tokens.len());
         }
         tokens.push(Token {
             start: range.start,
             end: range.end,
-            term,
+            words: matched,
         });
     }
-    let mut instances = Vec::new();
+    // Where each phrase starts.
+    let mut starts: Vec<Vec<usize>> = vec![Vec::new(); phrases.len()];
     for at in 0..tokens.len() {
-        for (phrase, ids) in phrases.iter().enumerate() {
+        for (phrase, (first, ids)) in phrases.iter().enumerate() {
             let found = !ids.is_empty()
+                && (!first || at == 0)
                 && at + ids.len() <= tokens.len()
                 && ids
                     .iter()
                     .zip(&tokens[at..])
-                    .all(|(id, token)| *id != NONE && token.term == *id);
+                    .all(|(id, token)| *id < 64 && token.words & (1 << id) != 0);
             if found {
+                starts[phrase].push(at);
+            }
+        }
+    }
+    let lengths: Vec<usize> = phrases.iter().map(|(_, ids)| ids.len()).collect();
+    // A NEAR group keeps the instances that take part in a match.
+    let mut seen_groups = Vec::new();
+    for (phrase, group) in groups.iter().enumerate() {
+        let Some((group, distance)) = *group else {
+            continue;
+        };
+        if seen_groups.contains(&group) {
+            continue;
+        }
+        seen_groups.push(group);
+        let members: Vec<usize> = (phrase..groups.len())
+            .filter(|&i| groups[i].is_some_and(|(g, _)| g == group))
+            .collect();
+        let kept = near_instances(
+            &members
+                .iter()
+                .map(|&i| starts[i].clone())
+                .collect::<Vec<_>>(),
+            &members.iter().map(|&i| lengths[i]).collect::<Vec<_>>(),
+            distance,
+        );
+        for (i, kept) in members.into_iter().zip(kept) {
+            starts[i] = kept;
+        }
+    }
+    let mut instances = Vec::new();
+    for at in 0..tokens.len() {
+        for (phrase, starts) in starts.iter().enumerate() {
+            if starts.binary_search(&at).is_ok() {
                 instances.push(Instance { phrase, at });
             }
         }
@@ -79,7 +129,6 @@ pub fn snippet(text: &str, phrases: &[Vec<String>], size: usize) -> Option<Strin
     if instances.is_empty() {
         return None;
     }
-    let lengths: Vec<usize> = phrases.iter().map(Vec::len).collect();
     let start = best_start(&instances, &lengths, &sentences, tokens.len(), size);
     Some(highlight(text, &tokens, &instances, &lengths, start, size))
 }
@@ -234,7 +283,7 @@ fn highlight(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::engine::parse;
+    use crate::index::query::{fts_query, parse};
 
     /// Our snippets are FTS5's, byte for byte, on texts long and short, with words,
     /// phrases, repeated and overlapping matches, sentences and diacritics.
@@ -269,6 +318,15 @@ mod tests {
             "\"the quick brown\" fox",
             "filler3",
             "nothing",
+            "wom*",
+            "big OR cafe",
+            "wombat NOT cafe",
+            "\"big wom\" *",
+            "^the",
+            "NEAR(big wombat)",
+            "NEAR(big wombat, 0)",
+            "NEAR(wombat dig burrow, 3)",
+            "NEAR(filler1 word4, 2) OR cafe",
         ];
         for (i, text) in texts.iter().enumerate() {
             connection
@@ -282,18 +340,19 @@ mod tests {
         for (text_id, text) in texts.iter().enumerate() {
             for query in queries {
                 for size in [5, 24] {
+                    let fts = fts_query(query).expect("query");
                     let expected: Option<String> = connection
                         .query_row(
                             "SELECT snippet(t, 0, '**', '**', '…', ?3) FROM t WHERE t MATCH ?1 AND rowid = ?2",
-                            rusqlite::params![query, text_id as i64, size as i64],
+                            rusqlite::params![fts, text_id as i64, size as i64],
                             |row| row.get(0),
                         )
                         .ok();
                     let Some(expected) = expected else {
                         continue; // FTS5 does not match this text
                     };
-                    let phrases = parse(query).expect("query");
-                    let ours = snippet(text, &phrases, size);
+                    let expr = parse(query).expect("query");
+                    let ours = snippet(text, &expr.phrases(), size);
                     assert_eq!(
                         ours,
                         Some(expected),

@@ -35,12 +35,20 @@ pub struct Terms<'a> {
     term: String,
 }
 
-/// ASCII bytes that are part of a token (letters and digits).
-const ASCII_TOKEN: [bool; 128] = {
-    let mut table = [false; 128];
+/// What a byte is: part of an ASCII token (a letter or digit), an ASCII separator, or
+/// part of a non-ASCII character (decoded to tell).
+const ASCII_SEPARATOR: u8 = 0;
+const ASCII_TOKEN: u8 = 1;
+const NOT_ASCII: u8 = 2;
+const CLASS: [u8; 256] = {
+    let mut table = [NOT_ASCII; 256];
     let mut b = 0;
     while b < 128 {
-        table[b] = (b as u8).is_ascii_alphanumeric();
+        table[b] = if (b as u8).is_ascii_alphanumeric() {
+            ASCII_TOKEN
+        } else {
+            ASCII_SEPARATOR
+        };
         b += 1;
     }
     table
@@ -77,6 +85,47 @@ impl<'a> Terms<'a> {
         Some((range, self.term.as_bytes().first().copied()))
     }
 
+    /// Move to the next word; fold it only if its first byte (folded) is `wanted`: its
+    /// byte range, and whether it was folded (then `term` and `stem` apply). The other
+    /// words are only counted, at a few instructions a byte: a snippet needs every
+    /// word's place but only the few that may be a query term.
+    pub fn advance_if(&mut self, wanted: &[bool; 256]) -> Option<(std::ops::Range<usize>, bool)> {
+        let bytes = self.text.as_bytes();
+        let len = bytes.len();
+        loop {
+            let mut i = self.at;
+            while i < len && CLASS[usize::from(bytes[i])] == ASCII_SEPARATOR {
+                i += 1;
+            }
+            if i >= len {
+                self.at = len;
+                return None;
+            }
+            if CLASS[usize::from(bytes[i])] == ASCII_TOKEN
+                && !wanted[usize::from(bytes[i].to_ascii_lowercase())]
+            {
+                // An ASCII word that cannot be a query term: find its end only.
+                let start = i;
+                while i < len && CLASS[usize::from(bytes[i])] == ASCII_TOKEN {
+                    i += 1;
+                }
+                if i >= len || CLASS[usize::from(bytes[i])] != NOT_ASCII {
+                    self.at = i;
+                    return Some((start..i, false));
+                }
+                // It goes on with other letters: read it whole.
+                self.at = start;
+            } else {
+                self.at = i;
+            }
+            let range = self.next_word()?;
+            let Some(&first) = self.term.as_bytes().first() else {
+                continue; // folds to nothing: no word
+            };
+            return Some((range, wanted[usize::from(first)]));
+        }
+    }
+
     /// Stem the word just read: it becomes the current term.
     pub fn stem(&mut self) {
         porter(&mut self.term);
@@ -85,47 +134,46 @@ impl<'a> Terms<'a> {
     /// The next run of token characters, folded into `self.term`; its byte range.
     fn next_word(&mut self) -> Option<std::ops::Range<usize>> {
         let bytes = self.text.as_bytes();
+        let len = bytes.len();
         let mut i = self.at;
         // Skip to the first token character.
-        let start = loop {
-            let &b = bytes.get(i)?;
-            if b < 0x80 {
-                if ASCII_TOKEN[usize::from(b)] {
-                    break i;
+        while i < len {
+            match CLASS[usize::from(bytes[i])] {
+                ASCII_TOKEN => break,
+                ASCII_SEPARATOR => i += 1,
+                _ => {
+                    let c = self.char_at(i);
+                    if is_token_char(c) {
+                        break;
+                    }
+                    i += c.len_utf8();
                 }
-                i += 1;
-            } else {
-                let c = self.char_at(i);
-                if is_token_char(c) {
-                    break i;
-                }
-                i += c.len_utf8();
             }
-        };
+        }
+        if i >= len {
+            self.at = len;
+            return None;
+        }
+        let start = i;
         self.term.clear();
         loop {
             // A run of ASCII letters and digits, lowered at once.
             let run = i;
-            while bytes
-                .get(i)
-                .is_some_and(|&b| b < 0x80 && ASCII_TOKEN[usize::from(b)])
-            {
+            while i < len && CLASS[usize::from(bytes[i])] == ASCII_TOKEN {
                 i += 1;
             }
             let from = self.term.len();
             self.term.push_str(&self.text[run..i]);
             self.term[from..].make_ascii_lowercase();
-            match bytes.get(i) {
-                Some(&b) if b >= 0x80 => {
-                    let c = self.char_at(i);
-                    if !is_token_char(c) {
-                        break;
-                    }
-                    fold_into(c, &mut self.term);
-                    i += c.len_utf8();
-                }
-                _ => break,
+            if i >= len || CLASS[usize::from(bytes[i])] != NOT_ASCII {
+                break;
             }
+            let c = self.char_at(i);
+            if !is_token_char(c) {
+                break;
+            }
+            fold_into(c, &mut self.term);
+            i += c.len_utf8();
         }
         self.at = i;
         Some(start..i)
@@ -308,7 +356,10 @@ const fn key_ranges(rules: &[Rule]) -> [(u8, u8); 128] {
     while i < rules.len() {
         let suffix = rules[i].0.as_bytes();
         let key = suffix[suffix.len() - 2] as usize;
-        assert!(table[key].1 == 0, "the rules of one letter must be listed together");
+        assert!(
+            table[key].1 == 0,
+            "the rules of one letter must be listed together"
+        );
         let start = i;
         while i < rules.len() && {
             let next = rules[i].0.as_bytes();
@@ -388,7 +439,8 @@ fn step1a(word: &mut String) {
         return;
     }
     if bytes[n - 2] == b'e' {
-        if (n > 4 && bytes[n - 4] == b's' && bytes[n - 3] == b's') || (n > 3 && bytes[n - 3] == b'i')
+        if (n > 4 && bytes[n - 4] == b's' && bytes[n - 3] == b's')
+            || (n > 3 && bytes[n - 3] == b'i')
         {
             word.truncate(n - 2);
         } else {

@@ -86,7 +86,7 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
                 ));
             };
             let limit = limit_in_range(params.limit, 10, LIMIT_MAX)?;
-            let (hits, more) = index::search_ranked(
+            let found = index::search_ranked(
                 store,
                 &connection,
                 &SearchQuery {
@@ -99,7 +99,8 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
                     offset,
                 },
             )?;
-            let next_cursor = more.then(|| (offset + hits.len()).to_string());
+            let hits = found.hits;
+            let next_cursor = found.more.then(|| (offset + hits.len()).to_string());
             let mut text = if hits.is_empty() {
                 format!(
                     "No matches for {query:?} in workspace '{slug}'. Try fewer or other words, word* prefixes, or layer=\"all\".\n"
@@ -128,15 +129,23 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
             if let Some(cursor) = &next_cursor {
                 let _ = writeln!(text, "More results: call again with cursor=\"{cursor}\".");
             }
+            let mut structured = json!({
+                "mode": "search",
+                "workspace": slug,
+                "query": query,
+                "hits": hits,
+                "next_cursor": next_cursor,
+            });
+            if found.indexing {
+                let _ = writeln!(
+                    text,
+                    "The search index is still being built: these results may be incomplete. Search again in a moment."
+                );
+                structured["indexing"] = json!(true);
+            }
             Ok(ToolOutput {
                 text,
-                structured: json!({
-                    "mode": "search",
-                    "workspace": slug,
-                    "query": query,
-                    "hits": hits,
-                    "next_cursor": next_cursor,
-                }),
+                structured,
                 images: Vec::new(),
             })
         }
