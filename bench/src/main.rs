@@ -58,10 +58,10 @@ struct Args {
     /// writes no report
     #[arg(long, value_name = "BACKLOG")]
     sync: Option<usize>,
-    /// Only compare the ranked search index with FTS5 (issue 15), for each size, in
-    /// one run: cold index time and memory, the same searches to a daemon with the
-    /// index and one without (round-robin), rebuilds after losing the index or
-    /// state.db; prints the table and writes no report
+    /// Only the search index (issue 15), for each size: cold index time and memory,
+    /// searches (with --base-bin-dir: the same to a daemon of that build too,
+    /// round-robin), rebuilds after losing the index or state.db; prints the table and
+    /// writes no report
     #[arg(long)]
     search: bool,
     /// Only check that a long-running daemon stays flat (issue 15): after the cold
@@ -79,9 +79,9 @@ struct Args {
     /// after an hour of calls compressed (0: leave it out; --quick always does)
     #[arg(long, value_name = "SECONDS", default_value_t = 180)]
     mixed_load: u64,
-    /// With --writes: also run the binaries in this directory (a base build), with the
-    /// same writes round-robin, for ratios that hold on a busy machine
-    #[arg(long, requires = "writes")]
+    /// With --writes or --search: also run the binaries in this directory (a base
+    /// build), with the same calls round-robin, for ratios that hold on a busy machine
+    #[arg(long)]
     base_bin_dir: Option<PathBuf>,
 }
 
@@ -162,11 +162,17 @@ fn run_main() -> Result<()> {
         return Ok(());
     }
     if args.search {
+        let base = args
+            .base_bin_dir
+            .as_deref()
+            .map(|dir| Binaries::locate(Some(dir)))
+            .transpose()?;
         let load = procs::load_average();
         let mut rows = Vec::new();
         for &pages in &settings.sizes {
             rows.extend(alexandria_bench::search::run(
                 &binaries,
+                base.as_ref(),
                 settings.seed,
                 pages,
                 settings.iterations,

@@ -299,7 +299,7 @@ pub fn wait_for_search_index(client: &mut dyn Mcp) -> Result<Duration> {
     loop {
         let guide = client.call_tool("guide", json!({}))?;
         let status = &guide["structuredContent"]["search_index"];
-        // No index (an older daemon, or ALEXANDRIA_SEARCH_INDEX=off): FTS5 answers.
+        // No index (an older daemon with it turned off): FTS5 answers.
         let none = status.is_null() || status["queued"].is_null() && status["ready"] == false;
         if none || status["ready"] == true && status["queued"] == 0 {
             return Ok(started.elapsed());

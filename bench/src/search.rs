@@ -1,11 +1,12 @@
-//! `alexandria-bench --search`: the ranked search index (issue 15) against FTS5 in one
-//! run. Two homes hold the same generated corpus; one daemon runs with the index
-//! (`ALEXANDRIA_SEARCH_INDEX=on`), the other with FTS5 alone (`off`). Each is cold
-//! indexed in turn (time, CPU, memory when ready and after idling); every planted
-//! word is checked in both; then the same searches go to both daemons round-robin,
-//! one of each per round, so the machine's load slows both alike and the ratio
-//! stays meaningful. Last, the index home is restarted without its index directory
-//! and without state.db: the index is rebuilt and checked again.
+//! `alexandria-bench --search`: the search index (issue 15). One home holds the
+//! generated corpus and runs a daemon of this build; with `--base-bin-dir DIR` a
+//! second home holds the same corpus and runs the daemon in DIR (say, main's build),
+//! so that every figure has its base from the same run. Each is cold indexed in turn
+//! (time to the first answer and to the index ready, CPU, memory when ready and after
+//! idling); every planted word is checked in both; then the same searches go to both
+//! daemons round-robin, one of each per round, so the machine's load slows both alike
+//! and the ratio stays meaningful. Last, this build's home is restarted without its
+//! index directory and then without state.db: the index is rebuilt and checked again.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -24,15 +25,21 @@ use crate::stats::{Plan, Summary, format_duration, measure_interleaved};
 const IDLE: Duration = Duration::from_secs(40);
 
 /// Rows for one corpus of `pages` pages; `iterations` timed searches per figure.
-pub fn run(binaries: &Binaries, seed: u64, pages: usize, iterations: usize) -> Result<Vec<Row>> {
+pub fn run(
+    binaries: &Binaries,
+    base: Option<&Binaries>,
+    seed: u64,
+    pages: usize,
+    iterations: usize,
+) -> Result<Vec<Row>> {
     let label = size_label(pages);
     let mut rows = Vec::new();
-    let mut index = Home::new(binaries)?;
-    index.env("ALEXANDRIA_SEARCH_INDEX", "on");
-    let mut fts5 = Home::new(binaries)?;
-    fts5.env("ALEXANDRIA_SEARCH_INDEX", "off");
+    let mut homes = vec![(Home::new(binaries)?, "this build")];
+    if let Some(base) = base {
+        homes.push((Home::new(base)?, "base"));
+    }
     let mut corpus = None;
-    for home in [&mut index, &mut fts5] {
+    for (home, _) in &mut homes {
         home.cli(&["init"])?;
         home.cli(&["workspace", "create", SLUG])?;
         home.stop_daemon()?;
@@ -44,33 +51,40 @@ pub fn run(binaries: &Binaries, seed: u64, pages: usize, iterations: usize) -> R
     }
     let corpus = corpus.ok_or_else(|| anyhow!("no corpus"))?;
 
-    // Cold index, one daemon at a time.
+    // Cold index, one daemon at a time (the base first).
     let mut cold = Vec::new();
-    for (home, name) in [(&mut fts5, "FTS5"), (&mut index, "search index")] {
+    for (home, name) in homes.iter_mut().rev() {
         progress(&format!("[{label}] cold index, {name}"));
         cold.push(cold_index(home, &corpus, &label, name, &mut rows)?);
     }
-    if let [fts5_cold, index_cold] = cold.as_slice() {
-        rows.push(
-            Row::new(
-                "cold index → search index ready, with the index",
-                &label,
-                "socket",
-                Figure::Once(index_cold.ready),
-            )
-            .floor("FTS5 cold index", fts5_cold.first_answer)
-            .note(format!(
-                "daemon CPU time {} vs {} with FTS5 alone",
-                format_duration(index_cold.cpu),
-                format_duration(fts5_cold.cpu)
-            )),
-        );
+    cold.reverse();
+    let mut row = Row::new(
+        "cold index: spawn → search index ready",
+        &label,
+        "socket",
+        Figure::Once(cold[0].ready),
+    );
+    let mut note = format!(
+        "first answer after {}; daemon CPU time {}",
+        format_duration(cold[0].first_answer),
+        format_duration(cold[0].cpu)
+    );
+    if let Some(base) = cold.get(1) {
+        row = row.floor("base", base.ready);
+        note.push_str(&format!(
+            "; base: first answer after {}, CPU {}",
+            format_duration(base.first_answer),
+            format_duration(base.cpu)
+        ));
     }
+    rows.push(row.note(note));
 
     // The same searches to both, round-robin.
     progress(&format!("[{label}] searches, round-robin"));
-    let mut with_index = index.direct(SLUG)?;
-    let mut without = fts5.direct(SLUG)?;
+    let mut clients: Vec<Direct> = homes
+        .iter()
+        .map(|(home, _)| home.direct(SLUG))
+        .collect::<Result<_>>()?;
     let rare = corpus
         .marker(10)
         .or_else(|| corpus.markers.first())
@@ -103,20 +117,28 @@ pub fn run(binaries: &Binaries, seed: u64, pages: usize, iterations: usize) -> R
             "search, the phrase's three words, unquoted (all must match)".to_string(),
             corpus.phrase.clone(),
         ),
+        (
+            "search, prefix of the common word".to_string(),
+            format!(
+                "{}*",
+                &corpus.common_word[..corpus.common_word.len().saturating_sub(1).max(1)]
+            ),
+        ),
+        (
+            "search, common word OR rare word".to_string(),
+            format!("{} OR {}", corpus.common_word, rare.word),
+        ),
     ];
     let plan = Plan::new(
         (iterations / 10).max(3),
         iterations,
         Duration::from_secs(60),
     );
-    let pings = {
-        let mut a = || with_index.ping();
-        let mut b = || without.ping();
-        measure_interleaved(
-            Plan::new(50, iterations * 5, Duration::from_secs(20)),
-            &mut [&mut a, &mut b],
-        )?
-    };
+    let pings = interleaved(
+        &mut clients,
+        Plan::new(50, iterations * 5, Duration::from_secs(20)),
+        |client| client.ping(),
+    )?;
     rows.push(
         Row::new(
             "ping round trip",
@@ -124,42 +146,51 @@ pub fn run(binaries: &Binaries, seed: u64, pages: usize, iterations: usize) -> R
             "socket",
             Figure::Latency(pings[0]),
         )
-        .note("daemon with the index; floor of the rows below"),
+        .note("this build's daemon; floor of the rows below"),
     );
     for (figure, query) in &cases {
         let args = json!({"query": query});
-        let summaries = {
-            let mut a = || with_index.call_tool("search", args.clone()).map(|_| ());
-            let mut b = || without.call_tool("search", args.clone()).map(|_| ());
-            measure_interleaved(plan, &mut [&mut a, &mut b])?
-        };
-        let (on, off) = (summaries[0], summaries[1]);
-        rows.push(latency(&format!("{figure}, FTS5"), &label, off).floor("ping", pings[1].p50));
-        rows.push(
-            latency(&format!("{figure}, search index"), &label, on)
-                .floor("FTS5", off.p50)
-                .note(format!(
-                    "{} over the ping; {:.1}× faster than FTS5",
-                    format_duration(on.p50.saturating_sub(pings[0].p50)),
-                    off.p50.as_secs_f64() / on.p50.as_secs_f64().max(1e-9)
-                )),
+        let summaries = interleaved(&mut clients, plan, |client| {
+            client.call_tool("search", args.clone()).map(|_| ())
+        })?;
+        let on = summaries[0];
+        let mut row = latency(figure, &label, on);
+        let mut note = format!(
+            "{} over the ping",
+            format_duration(on.p50.saturating_sub(pings[0].p50))
         );
+        if let Some(base) = summaries.get(1) {
+            row = row.floor("base", base.p50);
+            note.push_str(&format!(
+                "; base {} ({} over its ping), {:.1}× faster",
+                format_duration(base.p50),
+                format_duration(base.p50.saturating_sub(pings[1].p50)),
+                base.p50.as_secs_f64() / on.p50.as_secs_f64().max(1e-9)
+            ));
+        }
+        rows.push(row.note(note));
         // Same hits (paths, with a page's sections) from both, when they are all
         // returned (the top 1000 of 10k matches differ with the scoring).
-        let a = paths(&mut with_index, query)?;
-        let b = paths(&mut without, query)?;
-        if a.len() < 1000 && a != b {
+        let found: Vec<Vec<String>> = clients
+            .iter_mut()
+            .map(|client| paths(client, query))
+            .collect::<Result<_>>()?;
+        if let [a, b] = found.as_slice()
+            && a.len() < 1000
+            && a != b
+        {
             bail!(
-                "{query}: the index found {} hits, FTS5 {}; they differ",
+                "{query}: this build found {} hits, the base {}; they differ",
                 a.len(),
                 b.len()
             );
         }
     }
-    drop(with_index);
-    drop(without);
-    fts5.stop_daemon()?;
-    drop(fts5);
+    drop(clients);
+    let (mut index, _) = homes.remove(0);
+    for (mut home, _) in homes {
+        home.stop_daemon()?;
+    }
 
     // The index lost, then state.db lost: rebuilt, and right.
     for (what, remove) in [
@@ -211,6 +242,24 @@ pub fn run(binaries: &Binaries, seed: u64, pages: usize, iterations: usize) -> R
     }
     index.stop_daemon()?;
     Ok(rows)
+}
+
+/// `call` on every client in turn, one call each per round; a summary per client.
+fn interleaved(
+    clients: &mut [Direct],
+    plan: Plan,
+    call: impl Fn(&mut Direct) -> Result<()>,
+) -> Result<Vec<Summary>> {
+    let call = &call;
+    let mut closures: Vec<Box<dyn FnMut() -> Result<()> + '_>> = clients
+        .iter_mut()
+        .map(|client| Box::new(move || call(client)) as Box<dyn FnMut() -> Result<()> + '_>)
+        .collect();
+    let mut refs: Vec<&mut dyn FnMut() -> Result<()>> = closures
+        .iter_mut()
+        .map(|c| c.as_mut() as &mut dyn FnMut() -> Result<()>)
+        .collect();
+    measure_interleaved(plan, &mut refs)
 }
 
 /// What a cold index took.
@@ -327,7 +376,7 @@ fn paths(client: &mut dyn Mcp, query: &str) -> Result<Vec<String>> {
 }
 
 /// Wait (≤ 10 min) until `guide` reports the index ready with nothing queued (or
-/// reports no index: FTS5 answers).
+/// reports no index: an older daemon with it turned off).
 fn wait_for_search_index(client: &mut dyn Mcp) -> Result<()> {
     let started = Instant::now();
     loop {
