@@ -1457,17 +1457,21 @@ impl Engine {
                     exact: false,
                 }
             }
-            Expr::And(a, b) | Expr::Or(a, b) => {
-                let occur = if matches!(expr, Expr::And(..)) {
-                    Occur::Must
-                } else {
-                    Occur::Should
-                };
-                let a = self.compile(a, common, stats)?;
-                let b = self.compile(b, common, stats)?;
+            Expr::And(..) | Expr::Or(..) => {
+                // One query for a chain of the same operator (`a b c …` is a chain of
+                // ANDs): nested two by two, a long query overflowed the stack.
+                let and = matches!(expr, Expr::And(..));
+                let occur = if and { Occur::Must } else { Occur::Should };
+                let mut exact = true;
+                let mut clauses = Vec::new();
+                for operand in operands(expr, and) {
+                    let compiled = self.compile(operand, common, stats)?;
+                    exact &= compiled.exact;
+                    clauses.push((occur, compiled.query));
+                }
                 Compiled {
-                    exact: a.exact && b.exact,
-                    query: Box::new(BooleanQuery::new(vec![(occur, a.query), (occur, b.query)])),
+                    exact,
+                    query: Box::new(BooleanQuery::new(clauses)),
                 }
             }
             Expr::Not(a, b) => {
@@ -1610,6 +1614,20 @@ impl Engine {
         *cached = Some(Arc::clone(&overlay));
         Ok(overlay)
     }
+}
+
+/// The operands of a chain of ANDs (`and`) or ORs, in order, without recursion.
+fn operands(expr: &Expr, and: bool) -> Vec<&Expr> {
+    let mut found = Vec::new();
+    let mut stack = vec![expr];
+    while let Some(expr) = stack.pop() {
+        match expr {
+            Expr::And(a, b) if and => stack.extend([&**b, &**a]),
+            Expr::Or(a, b) if !and => stack.extend([&**b, &**a]),
+            other => found.push(other),
+        }
+    }
+    found
 }
 
 /// A phrase query whose scorer answers `seek_danger` as a plain `seek` does (tantivy's
@@ -2203,6 +2221,10 @@ mod tests {
             "NEAR(kelp sea, 3)",
             "^big",
         ];
+        // At the parser's limits: the index's nested queries keep to the stack.
+        queries.push(vec!["kelp"; 256].join(" OR "));
+        queries.push(vec!["the"; 500].join(" "));
+        queries.push(format!("{}big kelp{}", "(".repeat(32), ")".repeat(32)));
         for _ in 0..300 {
             let length = 1 + random.next(5);
             let query: Vec<&str> = (0..length)

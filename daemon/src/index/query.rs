@@ -367,11 +367,39 @@ struct Parser<'q> {
 
 type Parsed = Result<Option<Expr>, ToolError>;
 
+/// Words, operators and parentheses a query may hold, and how deep its groups nest.
+const MAX_TOKENS: usize = 512;
+const MAX_NESTING: usize = 32;
+
 impl<'q> Parser<'q> {
     fn new(query: &'q str, fts: &str) -> Result<Parser<'q>, ToolError> {
+        let tokens = lex(query, fts)?;
+        // The parser, the expression and the index's query are recursive, one level
+        // per group and per operator: a client's query must not overflow the stack
+        // (an abort, not a panic). FTS5 refused trees deeper than 256.
+        if tokens.len() > MAX_TOKENS {
+            return Err(invalid(
+                query,
+                format!("the query is too long (at most {MAX_TOKENS} words and operators)"),
+            ));
+        }
+        let mut depth = 0usize;
+        for token in &tokens {
+            match token {
+                Token::LeftParen | Token::LeftBrace => depth += 1,
+                Token::RightParen | Token::RightBrace => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            if depth > MAX_NESTING {
+                return Err(invalid(
+                    query,
+                    format!("parentheses nested too deep (at most {MAX_NESTING})"),
+                ));
+            }
+        }
         Ok(Parser {
             query,
-            tokens: lex(query, fts)?,
+            tokens,
             at: 0,
         })
     }
@@ -936,6 +964,36 @@ mod tests {
             }
             check(&connection, &query);
         }
+    }
+
+    #[test]
+    fn queries_too_long_or_too_deep_are_invalid() {
+        let words: Vec<String> = (0..MAX_TOKENS + 1).map(|i| format!("w{i}")).collect();
+        let long = words.join(" ");
+        assert_eq!(
+            parse(&long).expect_err("long").code,
+            ErrorCode::InvalidQuery
+        );
+        let deep = format!(
+            "{}a{}",
+            "(".repeat(MAX_NESTING + 1),
+            ")".repeat(MAX_NESTING + 1)
+        );
+        assert_eq!(
+            parse(&deep).expect_err("deep").code,
+            ErrorCode::InvalidQuery
+        );
+        let huge = "(".repeat(100_000);
+        assert_eq!(
+            parse(&huge).expect_err("huge").code,
+            ErrorCode::InvalidQuery
+        );
+        // At the limits: parsed, and the expression is evaluated.
+        let ok = format!("{}a{}", "(".repeat(MAX_NESTING), ")".repeat(MAX_NESTING));
+        assert!(parse(&ok).is_ok());
+        let ors: Vec<String> = (0..MAX_TOKENS / 2).map(|i| format!("w{i}")).collect();
+        let expr = parse(&ors.join(" OR ")).expect("ors");
+        assert!(expr.matches(&["w7".to_string()]));
     }
 
     #[test]
