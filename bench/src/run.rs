@@ -421,7 +421,7 @@ fn corpus_size(
             Figure::Once(cold_index + search_ready),
         )
         .note(
-            "built in the background after the cold index; search answers with FTS5 meanwhile"
+            "built in the background after the cold index; a search meanwhile waits for it (up to 20 s)"
                 .to_string(),
         ),
     );
