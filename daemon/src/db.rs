@@ -374,7 +374,8 @@ fn signature(path: &Path) -> Option<String> {
 /// next start can skip `PRAGMA quick_check` (1.3 s for 10k pages, 78 MiB, on the
 /// benchmark machine) when nothing touched the file meanwhile. Any change to the file
 /// (a write after this, a crash with a WAL, someone overwriting or truncating it) makes
-/// the next start check it in full. Best effort: no stamp, a full check.
+/// the next start check it in full. Best effort: no stamp, a full check. Called last:
+/// the database's write lock is kept until the process exits.
 pub fn mark_clean(pool: &Pool, path: &Path) {
     let Ok(connection) = pool.get() else {
         return;
@@ -384,9 +385,20 @@ pub fn mark_clean(pool: &Pool, path: &Path) {
     if busy != Ok(0) {
         return;
     }
+    // Background threads (the search indexer trimming its queue, the rescanner) may
+    // still write: hold the write lock from here until the process exits, so the file
+    // stays as the stamp says. A write that came in between shows in the WAL (no
+    // stamp: a full check); one that comes after waits for a lock that is never given
+    // back and is lost with the process, which is stopping anyway (every request has
+    // been answered; the indexer's queue lives in state.db).
+    if connection.execute_batch("BEGIN IMMEDIATE").is_err() {
+        return;
+    }
     let Some(signature) = signature(path) else {
+        let _ = connection.execute_batch("ROLLBACK");
         return;
     };
+    std::mem::forget(connection);
     let stamp = clean_stamp(path);
     let temp = stamp.with_extension("clean.tmp");
     let written = std::fs::write(&temp, &signature).and_then(|()| std::fs::rename(&temp, &stamp));
