@@ -761,21 +761,28 @@ mod tests {
         assert_eq!(mode, "wal");
     }
 
-    /// Migration 10 keeps the chunks (rowid, page, heading, text) that FTS5 held, as a
-    /// plain table, and drops FTS5's own tables.
-    #[test]
-    fn chunks_move_out_of_fts5() {
-        let mut connection = Connection::open_in_memory().expect("db");
+    /// An in-memory database with every migration before the one containing `marker`
+    /// applied (and its version).
+    fn migrated_before(marker: &str) -> Connection {
+        let connection = Connection::open_in_memory().expect("db");
         let before = MIGRATIONS
             .iter()
-            .position(|m| m.contains("CREATE TABLE chunks_text"))
-            .expect("the chunks migration");
+            .position(|m| m.contains(marker))
+            .expect("the migration");
         for migration in &MIGRATIONS[..before] {
             connection.execute_batch(migration).expect("migration");
         }
         connection
             .pragma_update(None, "user_version", before as i64)
             .expect("version");
+        connection
+    }
+
+    /// Migration 10 keeps the chunks (rowid, page, heading, text) that FTS5 held, as a
+    /// plain table, and drops FTS5's own tables.
+    #[test]
+    fn chunks_move_out_of_fts5() {
+        let mut connection = migrated_before("CREATE TABLE chunks_text");
         let rows = [
             ((7i64 << 20) | 1, Some(3i64), "Guide > Install", "some text"),
             (7i64 << 20, None, "", "other words"),
@@ -830,17 +837,7 @@ mod tests {
 
     #[test]
     fn file_counts_are_filled_by_the_migration_and_kept_by_triggers() {
-        let mut connection = Connection::open_in_memory().expect("open");
-        let before = MIGRATIONS
-            .iter()
-            .position(|m| m.contains("CREATE TABLE file_counts"))
-            .expect("the file_counts migration");
-        for migration in &MIGRATIONS[..before] {
-            connection.execute_batch(migration).expect("migration");
-        }
-        connection
-            .pragma_update(None, "user_version", before as i64)
-            .expect("version");
+        let mut connection = migrated_before("CREATE TABLE file_counts");
         let insert = |c: &Connection, workspace: &str, path: &str, layer: &str| {
             c.execute(
                 "INSERT INTO files(workspace, path, layer, kind, size, mtime_ns, rev, indexed_at)

@@ -110,9 +110,7 @@ fn paths(names: &[&str]) -> Vec<String> {
 /// it, after a restart, and after the index was deleted or damaged.
 #[test]
 fn search_index_follows_writes_restarts_and_losses() {
-    let env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
+    let env = lab_home();
     let mut session = Session::open(&env);
     session.wait_for_index();
     session.write(
@@ -189,9 +187,7 @@ fn search_index_follows_writes_restarts_and_losses() {
 /// the old one is rebuilt, not trusted).
 #[test]
 fn search_index_survives_a_kill_and_a_lost_state_db() {
-    let env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
+    let env = lab_home();
     let mut session = Session::open(&env);
     session.wait_for_index();
     session.write("wiki/a.md", "# A\n\nA burrow of wombats.\n");
@@ -226,6 +222,14 @@ fn search_index_survives_a_kill_and_a_lost_state_db() {
     assert_eq!(session.found("kelp"), paths(&["c.md"]));
 }
 
+/// A new home with the workspace `lab` (its daemon running).
+fn lab_home() -> Env {
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    env
+}
+
 /// Pages for a cold build: every 7th holds "quokka", every 11th the phrase "red kelp
 /// forest", the page after it both of its word pairs but never the phrase.
 fn write_pages(env: &Env, pages: usize) -> (Vec<String>, Vec<String>) {
@@ -255,9 +259,7 @@ fn write_pages(env: &Env, pages: usize) -> (Vec<String>, Vec<String>) {
 /// a phrase whose word pairs are all in a page, but not together, is not found.
 #[test]
 fn search_index_killed_mid_build_catches_up() {
-    let mut env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
+    let mut env = lab_home();
     env.ok(&["daemon", "stop"]);
     let (quokkas, phrases) = write_pages(&env, 1_500);
     let check = |session: &mut Session, when: &str| {
@@ -312,9 +314,7 @@ fn search_index_killed_mid_build_catches_up() {
 /// A home whose daemon is stopped, with `pages` new pages and no search index: the
 /// next daemon builds it from scratch.
 fn home_to_build(pages: usize) -> (Env, Vec<String>) {
-    let env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
+    let env = lab_home();
     env.ok(&["daemon", "stop"]);
     let (quokkas, _) = write_pages(&env, pages);
     std::fs::remove_dir_all(env.home.join("search-index")).expect("remove the index");
@@ -377,9 +377,7 @@ fn a_search_that_cannot_wait_says_its_results_are_incomplete() {
 /// commit), here and after a restart.
 #[test]
 fn an_index_deleted_while_the_daemon_runs_is_rebuilt() {
-    let env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
+    let env = lab_home();
     let mut session = Session::open(&env);
     session.wait_for_index();
     session.write("wiki/a.md", "# A\n\nA burrow of wombats.\n");
@@ -405,9 +403,7 @@ fn an_index_deleted_while_the_daemon_runs_is_rebuilt() {
 /// NEAR, column filters; malformed input is `invalid_query`.
 #[test]
 fn search_takes_the_query_language_as_before() {
-    let env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
+    let env = lab_home();
     let mut session = Session::open(&env);
     session.write(
         "wiki/a.md",
