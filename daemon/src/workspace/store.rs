@@ -136,6 +136,8 @@ pub struct Store {
     /// Workspaces renamed or archived while this daemon runs: old slug → what became
     /// of it, so a session still pinned to the old name is told, not just "not found".
     moved: Mutex<HashMap<String, Moved>>,
+    /// The workspaces' directory with every link resolved (`resolve_plain`).
+    real_workspaces: std::sync::OnceLock<Option<PathBuf>>,
 }
 
 /// What became of a workspace that is gone.
@@ -161,6 +163,7 @@ impl Store {
             states: Mutex::new(HashMap::new()),
             changes: tokio::sync::broadcast::channel(CHANGE_BACKLOG).0,
             moved: Mutex::new(HashMap::new()),
+            real_workspaces: std::sync::OnceLock::new(),
         });
         store.log_db_report();
         if !store.workspace_dir("global").join(".git").is_dir() {
@@ -343,6 +346,9 @@ impl Store {
     /// Resolve a checked workspace path to an absolute path inside the workspace,
     /// refusing symlinks that lead outside its layer.
     pub fn resolve(&self, slug: &str, path: &WorkspacePath) -> ToolResult<PathBuf> {
+        if let Some(plain) = self.resolve_plain(slug, path) {
+            return Ok(plain);
+        }
         let workspace = self.workspace_dir(slug);
         let layer_dir = workspace.join(path.layer.as_str());
         let candidate = workspace.join(&path.path);
@@ -382,6 +388,42 @@ impl Store {
             resolved.push(component);
         }
         Ok(resolved)
+    }
+
+    /// `resolve` without `canonicalize` (issue 15: its `readlink` of every component
+    /// from `/` down was a fifth of a `read`'s system calls): when neither the
+    /// workspace's directory nor any component of the path below it is a symbolic link
+    /// (one `lstat` each, up to the first that does not exist), the path is its own real
+    /// path under the workspaces' directory, canonicalized once. None: something is a
+    /// link (or cannot be looked at), and the full check decides.
+    fn resolve_plain(&self, slug: &str, path: &WorkspacePath) -> Option<PathBuf> {
+        let base = self
+            .real_workspaces
+            .get_or_init(|| fs::canonicalize(self.home.workspaces_dir()).ok())
+            .as_ref()?;
+        let mut real = base.join(slug);
+        let mut missing = false;
+        let components = std::iter::once(None).chain(Path::new(&path.path).components().map(Some));
+        for (depth, component) in components.enumerate() {
+            if let Some(component) = component {
+                let std::path::Component::Normal(name) = component else {
+                    return None;
+                };
+                real.push(name);
+            }
+            if missing {
+                continue;
+            }
+            match fs::symlink_metadata(&real) {
+                Ok(metadata) if metadata.file_type().is_symlink() => return None,
+                Ok(_) => {}
+                // The workspace and its layer must be there (else the full check says
+                // what is wrong); below them, the rest of a new page's path may not be.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && depth >= 2 => missing = true,
+                Err(_) => return None,
+            }
+        }
+        Some(real)
     }
 
     /// Validate a caller-given path (not a glob) and resolve it.
