@@ -63,6 +63,7 @@ pub struct DaemonOptions {
 /// Run the daemon until it is stopped. Blocks.
 pub fn run(options: DaemonOptions) -> Result<()> {
     crate::memory::limit_arenas();
+    crate::workspace::git::configure_libgit2();
     let home = options.home.clone();
     if let Err(error) = take_pidfile(&options) {
         notify(&StartupNotice::Failed {

@@ -34,6 +34,9 @@ struct Args {
     token_required: bool,
 }
 
+/// Log lines queued for the file writer at most.
+const LOG_LINES_BUFFERED: usize = 8_192;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let home = match args.home.map(Home::new).or_else(Home::from_env) {
@@ -85,7 +88,12 @@ fn init_logging(home: &Home) -> Option<tracing_appender::non_blocking::WorkerGua
         .build(home.logs_dir())
     {
         Ok(appender) => {
-            let (writer, guard) = tracing_appender::non_blocking(appender);
+            // Lines waiting for the log writer: tracing-appender's default of 128,000
+            // preallocates 4 MiB the daemon keeps for good (issue 15); lines of a burst
+            // beyond this many are dropped rather than making a tool call wait.
+            let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+                .buffered_lines_limit(LOG_LINES_BUFFERED)
+                .finish(appender);
             let layer = tracing_subscriber::fmt::layer()
                 .with_ansi(false)
                 .with_writer(writer)
