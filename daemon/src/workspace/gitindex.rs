@@ -105,34 +105,6 @@ fn known() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, Identity>> {
     KNOWN.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Files `smudged` found to hold their entry's blob, with their stat data then (and
-/// the blob in place of a trailer). While a file's stat data is still exactly that
-/// (inode, size, times to the nanosecond), it was not written since, and it is not read
-/// and hashed again: under a stream of writes every page written in the index's second
-/// was read again by every later write of that second (issue 15).
-static CHECKED: Mutex<BTreeMap<PathBuf, Identity>> = Mutex::new(BTreeMap::new());
-const CHECKED_MAX: usize = 20_000;
-/// A file's times move in steps of the kernel's clock tick (a few milliseconds): a
-/// change in the same tick as the one before leaves them as they were. Only a file
-/// whose last change is older than this is remembered as checked.
-const SETTLED: std::time::Duration = std::time::Duration::from_millis(50);
-
-fn checked() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, Identity>> {
-    CHECKED.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn settled(metadata: &Metadata) -> bool {
-    let now = std::time::SystemTime::now();
-    let changed = std::time::UNIX_EPOCH
-        + std::time::Duration::new(
-            metadata.ctime().max(0) as u64,
-            metadata.ctime_nsec().clamp(0, 999_999_999) as u32,
-        );
-    [metadata.modified().ok(), Some(changed)]
-        .into_iter()
-        .all(|at| at.is_some_and(|at| now.duration_since(at).is_ok_and(|age| age >= SETTLED)))
-}
-
 /// Read `current` (`.git/index`), apply `updates` and write the result to `next`
 /// (replaced if it exists). The caller holds `.git/index.lock`.
 pub fn write_next(current: &Path, next: &Path, updates: &[Update<'_>]) -> std::io::Result<Outcome> {
@@ -320,26 +292,11 @@ fn smudged<'e>(
     if !metadata.is_file() || metadata.size() as i64 != size || metadata.mtime() != mtime {
         return Cow::Borrowed(entry);
     }
-    let mut blob = [0; HASH];
-    if let Some(id) = entry.get(40..60) {
-        blob.copy_from_slice(id);
-    }
-    let identity = Identity::of(&metadata, blob);
-    if checked().get(&file) == Some(&identity) {
-        return Cow::Borrowed(entry);
-    }
     let same = fs::read(&file)
         .ok()
         .and_then(|content| Oid::hash_object(git2::ObjectType::Blob, &content).ok())
         .is_some_and(|id| entry.get(40..60) == Some(id.as_bytes()));
     if same {
-        if settled(&metadata) {
-            let mut checked = checked();
-            if checked.len() >= CHECKED_MAX {
-                checked.clear();
-            }
-            checked.insert(file, identity);
-        }
         return Cow::Borrowed(entry);
     }
     let mut copy = entry.to_vec();
@@ -846,66 +803,6 @@ mod tests {
             git(root, &["diff-files", "--name-only"]),
             "raw/r.txt\n",
             "git must see the change after the daemon wrote the index"
-        );
-    }
-
-    #[test]
-    fn a_file_checked_once_is_read_again_after_a_change_that_keeps_its_mtime() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path();
-        let repo = repo(root);
-        let mine = root.join("raw/r.txt");
-        let mtime = fs::metadata(&mine)
-            .and_then(|m| m.modified())
-            .expect("mtime");
-        let index = root.join(".git/index");
-        let racy = || {
-            fs::File::options()
-                .write(true)
-                .open(&index)
-                .and_then(|f| f.set_modified(mtime))
-                .expect("set the index's mtime");
-        };
-        // Checked while unchanged and settled: remembered as holding its blob.
-        std::thread::sleep(SETTLED * 2);
-        racy();
-        let (one, one_stat) = page(&repo, "wiki/one.md", "one\n");
-        ours(
-            &index,
-            &[Update {
-                path: "wiki/one.md",
-                blob: Some(one),
-                stat: Some(&one_stat),
-            }],
-        );
-        assert!(checked().contains_key(&mine), "the check is remembered");
-        assert_eq!(git(root, &["diff-files", "--name-only"]), "");
-        // Changed in place, same size, its mtime put back to the nanosecond: only
-        // its ctime tells.
-        let mut changed = fs::read(&mine).expect("read");
-        changed[0] = if changed[0] == b'X' { b'Y' } else { b'X' };
-        fs::write(&mine, &changed).expect("write");
-        fs::File::options()
-            .write(true)
-            .open(&mine)
-            .and_then(|f| f.set_modified(mtime))
-            .expect("set mtime");
-        // The new index gets a later second: git then trusts the stat data it holds.
-        std::thread::sleep(std::time::Duration::from_millis(1100));
-        racy();
-        let (two, two_stat) = page(&repo, "wiki/two.md", "two\n");
-        ours(
-            &index,
-            &[Update {
-                path: "wiki/two.md",
-                blob: Some(two),
-                stat: Some(&two_stat),
-            }],
-        );
-        assert_eq!(
-            git(root, &["diff-files", "--name-only"]),
-            "raw/r.txt\n",
-            "the remembered check must not hide the change"
         );
     }
 
