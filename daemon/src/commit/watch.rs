@@ -33,7 +33,7 @@ pub fn spawn(store: Arc<Store>) {
 
 fn run(store: &Store) {
     let (sender, receiver) = mpsc::channel();
-    let mut watcher = match notify::recommended_watcher(sender) {
+    let mut watcher = match crate::workspace::watcher(sender) {
         Ok(watcher) => Some(watcher),
         Err(error) => {
             tracing::warn!(%error, "no file notifications; rescanning every second instead");

@@ -51,7 +51,7 @@ fn run(store: &Arc<Store>, sender: &Sender<()>, receiver: &Receiver<()>) {
     let running = Arc::new(AtomicUsize::new(0));
     let (event_sender, events) = mpsc::channel::<notify::Result<notify::Event>>();
     let wake_on_event = sender.clone();
-    let mut watcher = notify::recommended_watcher(move |event| {
+    let mut watcher = crate::workspace::watcher(move |event| {
         let _ = event_sender.send(event);
         let _ = wake_on_event.send(());
     })

@@ -3,7 +3,8 @@
 //! in place of libgit2's (`gitindex`), pages a
 //! hand `git commit` dropped from HEAD or git's index (`dropped`), names
 //! that collide on case-insensitive file systems (`names`), and what a write flushes
-//! before it is acknowledged (`durable`).
+//! before it is acknowledged (`durable`), and the file watcher every watch of a
+//! folder uses (`watcher`).
 //!
 //! May import: `db`, `config`, `error`. Nothing above it: the index, the commit path
 //! and the tools build on this.
@@ -20,3 +21,16 @@ pub mod store;
 pub use durable::Durable;
 pub use lock::{LockGuard, WorkspaceLock};
 pub use store::*;
+
+/// A file watcher (inotify, FSEvents, …) that reports changes only: creating,
+/// removing, writing, renaming, attributes. Opening a file is not reported: with
+/// inotify every `open` of a file in a watched folder was an event, the daemon's own
+/// reads included, so each `read` of a page woke the notification thread and the
+/// watcher (a fifth of the daemon's CPU in a glob read of 10 pages).
+pub fn watcher(handler: impl notify::EventHandler) -> notify::Result<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    notify::RecommendedWatcher::new(
+        handler,
+        notify::Config::default().with_event_kinds(notify::EventKindMask::CORE),
+    )
+}
