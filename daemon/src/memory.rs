@@ -56,8 +56,9 @@ pub fn release() {
 }
 
 /// Every `QUIET_CHECK` while no request is in flight, if one was answered within
-/// `TRIM_AFTER_ACTIVITY`: trim (on the blocking pool: it takes a few milliseconds). An
-/// idle daemon does nothing.
+/// `TRIM_AFTER_ACTIVITY`: let go of the copies of git's indexes kept for the next write
+/// (`gitindex::release_cached`) and trim (on the blocking pool: it takes a few
+/// milliseconds). An idle daemon does nothing.
 pub async fn release_when_quiet(inflight: Arc<Inflight>) {
     let mut seen = inflight.finished();
     let mut active = None;
@@ -70,6 +71,8 @@ pub async fn release_when_quiet(inflight: Arc<Inflight>) {
         }
         let recent = active.is_some_and(|at| at.elapsed() <= TRIM_AFTER_ACTIVITY);
         if recent && inflight.count() == 0 {
+            // The copies of git's indexes kept for the next write go first.
+            crate::workspace::gitindex::release_cached();
             let _ = tokio::task::spawn_blocking(release).await;
         }
     }
