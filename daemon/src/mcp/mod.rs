@@ -244,14 +244,46 @@ fn resource_error(error: ToolError) -> McpError {
     }
 }
 
-/// Run blocking resource work (SQLite, files) off the async threads; a panic is an error.
+/// Run blocking resource work (SQLite, files) where async tasks can wait; a panic is an
+/// error.
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
 ) -> Result<T, McpError> {
+    run_blocking("the resource request crashed", work)
+        .await
+        .map_err(resource_error)
+}
+
+/// Run a tool's or a resource's body, which blocks (SQLite, files, git), without holding
+/// up the async tasks, and turn a panic in it into an error (`crashed`).
+///
+/// On the daemon's multi-thread runtime the body runs on the thread that took the
+/// request (`block_in_place`: the runtime hands that thread's other tasks to another
+/// worker): sending it to the blocking pool and waking the task again cost two thread
+/// switches per call, about a fifth of a read of one page (`finish_task_switch` was
+/// 18-32 % of the daemon's samples for reads and rare-word searches). Elsewhere (a
+/// current-thread runtime, where that is not allowed) it goes to the blocking pool.
+async fn run_blocking<T: Send + 'static>(
+    crashed: &'static str,
+    work: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
+) -> Result<T, ToolError> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        return tokio::task::block_in_place(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+        })
+        .unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_string());
+            Err(ToolError::internal(crashed, message))
+        });
+    }
     tokio::task::spawn_blocking(work)
         .await
-        .unwrap_or_else(|e| Err(ToolError::internal("the resource request crashed", e)))
-        .map_err(resource_error)
+        .unwrap_or_else(|e| Err(ToolError::internal(crashed, e)))
 }
 
 impl AlexandriaServer {
@@ -542,12 +574,11 @@ impl ServerHandler for AlexandriaServer {
             tokio::time::sleep(delay).await;
         }
         // Tool bodies block (SQLite, files, git) and a panic in one must not take the
-        // daemon down: run them on the blocking pool and turn a panic into an error.
-        let outcome = tokio::task::spawn_blocking(move || {
+        // daemon down.
+        let outcome = run_blocking("the tool crashed", move || {
             dispatch(&store, &binding, &caller, &tool, arguments)
         })
-        .await
-        .unwrap_or_else(|join_error| Err(ToolError::internal("the tool crashed", join_error)));
+        .await;
         let ok = outcome.is_ok();
         calllog::append(
             &self.store.home.logs_dir(),
