@@ -211,7 +211,7 @@ fn run_main() -> Result<()> {
         print_results(&report::table(&rows), "");
         return Ok(());
     }
-    let machine = Machine::describe(std::path::Path::new("/tmp"));
+    let machine = Machine::describe(&procs::homes_parent());
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let load_at_start = procs::load_average();
     let outcome = run::run(&settings, &binaries)?;

@@ -57,12 +57,20 @@ pub struct Home {
     env: Vec<(String, String)>,
 }
 
+/// Where the throw-away homes go: `/tmp` (short, so the socket path stays short), or
+/// `ALEXANDRIA_BENCH_TMPDIR` for another file system (these machines' `/` is ext4
+/// without a journal, where each new inode is checked against those deleted lately).
+pub fn homes_parent() -> PathBuf {
+    std::env::var_os("ALEXANDRIA_BENCH_TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
+}
+
 impl Home {
     pub fn new(binaries: &Binaries) -> Result<Home> {
+        let parent = homes_parent();
         let dir = tempfile::Builder::new()
             .prefix("alxb")
-            .tempdir_in("/tmp")
-            .context("cannot create a temp dir in /tmp")?;
+            .tempdir_in(&parent)
+            .with_context(|| format!("cannot create a temp dir in {}", parent.display()))?;
         let root = dir.path().join("h");
         Ok(Home {
             _dir: dir,
