@@ -279,12 +279,6 @@ fn transport_and_start(settings: &Settings, binaries: &Binaries, out: &mut Outco
     Ok(())
 }
 
-fn git(workspace: &Path, args: &[&str]) -> Result<()> {
-    crate::rebuild::git_output(workspace, args)
-        .map(|_| ())
-        .context("git is needed to commit the generated corpus")
-}
-
 /// Wait until the daemon's start-up catch-up has indexed the workspace: `search` waits
 /// for it (`guide` answers at once, with "indexing, N of M").
 pub fn wait_for_index(client: &mut dyn Mcp) -> Result<()> {
@@ -654,8 +648,8 @@ pub fn corpus_home(
         format_duration(started.elapsed())
     ));
     let started = Instant::now();
-    git(&workspace, &["add", "-A"])?;
-    git(&workspace, &["commit", "-q", "-m", "benchmark corpus"])?;
+    crate::rebuild::commit_corpus(&workspace)
+        .context("git is needed to commit the generated corpus")?;
     progress(&format!(
         "[{label}] committed in {}; cold index",
         format_duration(started.elapsed())

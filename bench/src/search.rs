@@ -8,7 +8,6 @@
 //! and the ratio stays meaningful. Last, this build's home is restarted without its
 //! index directory and then without state.db: the index is rebuilt and checked again.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -46,8 +45,8 @@ pub fn run(
         let workspace = home.workspace_dir(SLUG);
         progress(&format!("[{label}] generating {pages} pages"));
         corpus = Some(corpus::generate(seed, pages, &workspace)?);
-        git(&workspace, &["add", "-A"])?;
-        git(&workspace, &["commit", "-q", "-m", "benchmark corpus"])?;
+        crate::rebuild::commit_corpus(&workspace)
+            .context("git is needed to commit the generated corpus")?;
     }
     let corpus = corpus.ok_or_else(|| anyhow!("no corpus"))?;
 
@@ -399,8 +398,4 @@ fn latency(figure: &str, pages: &str, summary: Summary) -> Row {
 
 fn progress(message: &str) {
     eprintln!("alexandria-bench: {message}");
-}
-
-fn git(dir: &Path, args: &[&str]) -> Result<()> {
-    crate::rebuild::git_output(dir, args).map(|_| ())
 }

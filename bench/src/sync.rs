@@ -42,12 +42,7 @@ pub fn run(binaries: &Binaries, seed: u64, pages: usize, backlog: usize) -> Resu
     let workspace = a.workspace_dir(SLUG);
     eprintln!("[{label}] generating {pages} pages");
     let corpus = corpus::generate(seed, pages, &workspace)?;
-    git(&workspace, &["add", "-A"], None)?;
-    git(
-        &workspace,
-        &["commit", "-q", "-m", "benchmark corpus"],
-        None,
-    )?;
+    crate::rebuild::commit_corpus(&workspace)?;
     let remote = a.scratch().join("remote.git");
     std::fs::create_dir_all(a.scratch())?;
     git(
