@@ -446,3 +446,66 @@ fn search_takes_the_query_language_as_before() {
         }
     }
 }
+
+/// A prefix that begins many terms (past the few that are scored one by one) still
+/// finds every page with any of them, alone, with other words, under NOT, and page by
+/// page through the cursor with no page twice.
+#[test]
+fn a_prefix_of_many_terms_finds_every_page() {
+    let env = lab_home();
+    let mut session = Session::open(&env);
+    let mut expected = Vec::new();
+    for i in 0..24 {
+        // zeba, zebb, … : 24 terms that begin "zeb"; every third page also has kelp.
+        let word = format!("zeb{}", char::from(b'a' + i));
+        let kelp = if i % 3 == 0 { " and kelp" } else { "" };
+        let name = format!("p{i:02}.md");
+        session.write(
+            &format!("wiki/{name}"),
+            &format!("# P\n\nThe {word} grazed{kelp}.\n"),
+        );
+        expected.push(name);
+    }
+    session.write("wiki/other.md", "# O\n\nZoo-free kelp.\n");
+    let all: Vec<&str> = expected.iter().map(String::as_str).collect();
+    let with_kelp: Vec<&str> = all.iter().copied().step_by(3).collect();
+    let without: Vec<&str> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    for when in ["at once", "once committed"] {
+        if when != "at once" {
+            session.wait_for_index();
+        }
+        assert_eq!(session.found("zeb*"), paths(&all), "zeb* ({when})");
+        assert_eq!(session.found("zeb* kelp"), paths(&with_kelp), "({when})");
+        assert_eq!(session.found("zeb* NOT kelp"), paths(&without), "({when})");
+        let mut seen = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut arguments = json!({"query": "zeb*", "limit": 5});
+            if let Some(cursor) = &cursor {
+                arguments["cursor"] = json!(cursor);
+            }
+            let page = session.call("search", arguments);
+            for hit in page["structuredContent"]["hits"].as_array().expect("hits") {
+                seen.push(hit["path"].as_str().expect("a path").to_string());
+            }
+            match page["structuredContent"]["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_string()),
+                None => break,
+            }
+        }
+        let count = seen.len();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            count,
+            "a page twice through the cursor ({when})"
+        );
+        assert_eq!(seen, paths(&all), "through the cursor ({when})");
+    }
+}
