@@ -1929,21 +1929,23 @@ fn collect(
             if !passes(workspace, &workspaces) || !passes(layer, &layers) {
                 return threshold;
             }
-            let file_id = file_ids.first(doc).unwrap_or(0) as i64;
             let rowid = rowids.first(doc).unwrap_or(0) as i64;
-            if pending.contains(&file_id) {
-                return threshold;
-            }
-            let candidate = Candidate(Ranked {
+            let mut candidate = Candidate(Ranked {
                 score,
-                file_id,
+                file_id: 0,
                 rowid,
             });
             // A tie with the worst kept is decided by the rowid (the order of the
-            // answer), whatever order the documents come in.
+            // answer), whatever order the documents come in; before anything else is
+            // read, as a prefix of many terms brings every page back here.
             if heap.len() == need && heap.peek().is_some_and(|worst| candidate >= *worst) {
                 return threshold;
             }
+            let file_id = file_ids.first(doc).unwrap_or(0) as i64;
+            if pending.contains(&file_id) {
+                return threshold;
+            }
+            candidate.0.file_id = file_id;
             match check.accepts(file_id, rowid) {
                 Ok(true) => {}
                 Ok(false) => return threshold,
