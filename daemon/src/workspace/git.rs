@@ -862,7 +862,11 @@ impl<'r> Session<'r> {
                 },
             })
             .collect();
-        match gitindex::write_next(current, next, &updates).map_err(io("writing git's index"))? {
+        let size = fs::metadata(current).map(|m| m.len()).unwrap_or(0);
+        let skip_hash = gitindex::skips_hash(self.repo.config().ok().as_ref(), size);
+        match gitindex::write_next(current, next, &updates, skip_hash)
+            .map_err(io("writing git's index"))?
+        {
             gitindex::Outcome::Written(written) => return Ok(Some(written)),
             gitindex::Outcome::Unsupported(why) => {
                 tracing::debug!(why, "git's index is rewritten by libgit2");

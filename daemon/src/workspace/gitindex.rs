@@ -6,7 +6,10 @@
 //! 880 KB index) that was about half of a write's CPU time. Here the file is read in
 //! one call, its entries are located without being decoded, the changed entries are
 //! spliced in, and the trailer is computed with the `sha1` crate (SHA-NI when the CPU
-//! has it). The trailer of an index the daemon wrote itself is not verified again while
+//! has it), or left null as git's `index.skipHash` leaves it (`skips_hash`: what the
+//! repository's config says, and when it says nothing, for an index of 1 MiB or more,
+//! about 10k pages: at 100k pages the SHA-1 was a quarter of a write's CPU time). The
+//! trailer of an index the daemon wrote itself is not verified again while
 //! the file at `.git/index` is still that file (same inode, size, times and trailer);
 //! any other index (a person's `git add`, `git commit`, `git status`) is verified, as
 //! git does. Between sessions the daemon keeps that identity and, until it goes quiet
@@ -131,7 +134,14 @@ pub fn release_cached() {
 
 /// Read `current` (`.git/index`), apply `updates` and write the result to `next`
 /// (replaced if it exists). The caller holds `.git/index.lock`.
-pub fn write_next(current: &Path, next: &Path, updates: &[Update<'_>]) -> std::io::Result<Outcome> {
+/// `skip_hash`: the new index gets a null trailer (git's `index.skipHash`; see
+/// `skips_hash`) instead of its SHA-1.
+pub fn write_next(
+    current: &Path,
+    next: &Path,
+    updates: &[Update<'_>],
+    skip_hash: bool,
+) -> std::io::Result<Outcome> {
     let (bytes, metadata, ours) = match load(current) {
         Ok(loaded) => loaded,
         Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -156,6 +166,7 @@ pub fn write_next(current: &Path, next: &Path, updates: &[Update<'_>]) -> std::i
         &index,
         updates,
         workdir.map(|w| (w, metadata.mtime())),
+        skip_hash,
     ) {
         Ok(built) => built,
         Err(why) => return Ok(Outcome::Unsupported(why)),
@@ -202,6 +213,25 @@ fn load(path: &Path) -> std::io::Result<(Arc<Vec<u8>>, Metadata, bool)> {
     let ours =
         known.is_some_and(|(identity, _)| identity == Identity::of(&metadata, trailer_of(&bytes)));
     Ok((Arc::new(bytes), metadata, ours))
+}
+
+/// An index from this size on gets a null trailer unless the repository's git
+/// configuration says otherwise: at 100k pages (a 10 MB index) its SHA-1 was a quarter
+/// of a write's CPU time.
+pub const SKIP_HASH_FROM: u64 = 1 << 20;
+
+/// Whether the daemon writes the index of `config`'s repository, now `index_size`
+/// bytes, with a null trailer, as git does with `index.skipHash` (git reads such an
+/// index since 2.13, libgit2 since 1.8): what `index.skipHash` says when it is set,
+/// true under `feature.manyFiles` (as in git), and otherwise true for an index of
+/// `SKIP_HASH_FROM` bytes or more. `index.skipHash = false` keeps the hash at any size
+/// (for a tool that cannot read a null trailer).
+pub fn skips_hash(config: Option<&git2::Config>, index_size: u64) -> bool {
+    let setting = |name: &str| config.and_then(|c| c.get_bool(name).ok());
+    match setting("index.skipHash") {
+        Some(value) => value,
+        None => setting("feature.manyFiles") == Some(true) || index_size >= SKIP_HASH_FROM,
+    }
 }
 
 fn sha1(bytes: &[u8]) -> [u8; HASH] {
@@ -321,7 +351,7 @@ fn smudged<'e>(
     let (Some(mtime), Some(size)) = (field(8), field(36)) else {
         return Cow::Borrowed(entry);
     };
-    if mtime < index_mtime || size == 0 {
+    if !maybe_racy(entry, index_mtime) {
         return Cow::Borrowed(entry);
     }
     let Some(relative) = std::str::from_utf8(path).ok() else {
@@ -347,13 +377,24 @@ fn smudged<'e>(
     Cow::Owned(copy)
 }
 
+/// Whether `entry` could be racily clean in an index modified at `index_mtime`: its
+/// file's mtime is not older than the index and its size is known (`smudged` then
+/// looks at the file).
+fn maybe_racy(entry: &[u8], index_mtime: i64) -> bool {
+    match (be32(entry, 8), be32(entry, 36)) {
+        (Some(mtime), Some(size)) => i64::from(mtime) >= index_mtime && size != 0,
+        _ => false,
+    }
+}
+
 /// The new index's bytes, trailer included. `racy`: the working tree and the old
-/// index file's mtime, for `smudged`.
+/// index file's mtime, for `smudged`; `skip_hash`: a null trailer.
 fn build(
     bytes: &[u8],
     index: &Parsed<'_>,
     updates: &[Update<'_>],
     racy: Option<(&Path, i64)>,
+    skip_hash: bool,
 ) -> Result<Vec<u8>, &'static str> {
     let mut updates: Vec<&Update<'_>> = updates.iter().collect();
     updates.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
@@ -417,20 +458,41 @@ fn build(
     out.extend_from_slice(&[0; 4]);
     let mut count: u32 = 0;
     let mut next = inserted.iter().peekable();
+    // Entries kept as they are, copied in runs: the bytes from `run` to the entry at
+    // hand (entries lie end to end in `bytes`).
+    let offset = |entry: &[u8]| entry.as_ptr().addr() - bytes.as_ptr().addr();
+    let mut run: Option<usize> = None;
     for (i, (entry, path)) in entries.iter().enumerate() {
-        while let Some((_, new)) = next.next_if(|(at, _)| *at == i) {
-            out.extend_from_slice(new);
-            count += 1;
-        }
-        if !removed[i] {
-            match racy {
-                Some((workdir, mtime)) => {
-                    out.extend_from_slice(&smudged(entry, path, workdir, mtime));
-                }
-                None => out.extend_from_slice(entry),
+        let at = offset(entry);
+        let flush = |run: &mut Option<usize>, out: &mut Vec<u8>| {
+            if let Some(start) = run.take() {
+                out.extend_from_slice(&bytes[start..at]);
             }
-            count += 1;
+        };
+        if next.peek().is_some_and(|(to, _)| *to == i) {
+            flush(&mut run, &mut out);
+            while let Some((_, new)) = next.next_if(|(to, _)| *to == i) {
+                out.extend_from_slice(new);
+                count += 1;
+            }
         }
+        if removed[i] {
+            flush(&mut run, &mut out);
+            continue;
+        }
+        count += 1;
+        match racy {
+            Some((workdir, mtime)) if maybe_racy(entry, mtime) => {
+                flush(&mut run, &mut out);
+                out.extend_from_slice(&smudged(entry, path, workdir, mtime));
+            }
+            _ => {
+                run.get_or_insert(at);
+            }
+        }
+    }
+    if let (Some(start), Some((last, _))) = (run, entries.last()) {
+        out.extend_from_slice(&bytes[start..offset(last) + last.len()]);
     }
     for (_, new) in next {
         out.extend_from_slice(new);
@@ -458,7 +520,7 @@ fn build(
     for extension in &index.kept {
         out.extend_from_slice(extension);
     }
-    let trailer = sha1(&out);
+    let trailer = if skip_hash { [0; HASH] } else { sha1(&out) };
     out.extend_from_slice(&trailer);
     Ok(out)
 }
@@ -677,8 +739,12 @@ mod tests {
     }
 
     fn ours(index: &Path, updates: &[Update<'_>]) {
+        ours_with(index, updates, false);
+    }
+
+    fn ours_with(index: &Path, updates: &[Update<'_>], skip_hash: bool) {
         let next = index.with_extension("next");
-        match write_next(index, &next, updates).expect("write_next") {
+        match write_next(index, &next, updates, skip_hash).expect("write_next") {
             Outcome::Written(written) => {
                 fs::rename(&next, index).expect("rename");
                 written.installed();
@@ -792,6 +858,95 @@ mod tests {
                 .count(),
             0
         );
+    }
+
+    /// The same index with a null trailer (`index.skipHash`): byte for byte libgit2's
+    /// but the trailer; git reads the same entries, status and tree from it and `git
+    /// fsck` does not complain; libgit2 reads it; the next rewrite reads it back.
+    #[test]
+    fn an_index_without_its_hash_is_read_by_git_and_libgit2() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        let (changed, changed_stat) = page(&repo, "wiki/a/x.md", "changed\n");
+        let (new, new_stat) = page(&repo, "wiki/c/new.md", "new\n");
+        fs::remove_file(root.join("old.md")).expect("rm");
+        let updates = [
+            Update {
+                path: "wiki/a/x.md",
+                blob: Some(changed),
+                stat: Some(&changed_stat),
+            },
+            Update {
+                path: "wiki/c/new.md",
+                blob: Some(new),
+                stat: Some(&new_stat),
+            },
+            Update {
+                path: "old.md",
+                blob: None,
+                stat: None,
+            },
+        ];
+        let index = root.join(".git/index");
+        let theirs = root.join(".git/index-libgit2");
+        fs::copy(&index, &theirs).expect("copy");
+        with_libgit2(&theirs, &updates);
+        ours_with(&index, &updates, true);
+        let expected = fs::read(&theirs).expect("read");
+        let got = fs::read(&index).expect("read");
+        assert_eq!(got.len(), expected.len());
+        let body = got.len() - HASH;
+        assert!(got[..body] == expected[..body], "libgit2's bytes");
+        assert_eq!(trailer_of(&got), [0; HASH], "a null trailer");
+        assert_eq!(
+            as_git_sees_it(root, &theirs),
+            as_git_sees_it(root, &index),
+            "git reads the same index"
+        );
+        git(root, &["fsck", "--no-dangling"]);
+        assert_eq!(
+            git2::Index::open(&index).expect("libgit2 reads it").len(),
+            git2::Index::open(&theirs).expect("open").len()
+        );
+        // Read back from the disk (not the daemon's own), then with the hash again.
+        known().remove(&index);
+        let (again, again_stat) = page(&repo, "wiki/a/x.md", "again\n");
+        let next = [Update {
+            path: "wiki/a/x.md",
+            blob: Some(again),
+            stat: Some(&again_stat),
+        }];
+        ours_with(&index, &next, false);
+        let bytes = fs::read(&index).expect("read");
+        assert_eq!(trailer_of(&bytes), sha1(&bytes[..bytes.len() - HASH]));
+        assert!(git(root, &["ls-files", "--stage", "wiki/a/x.md"]).contains(&again.to_string()));
+    }
+
+    #[test]
+    fn the_hash_is_skipped_as_git_would_or_for_a_large_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = git2::Repository::init(dir.path()).expect("init");
+        let config = || repo.config().expect("config");
+        let small = 4096;
+        let large = SKIP_HASH_FROM;
+        assert!(!skips_hash(Some(&config()), small));
+        assert!(skips_hash(Some(&config()), large));
+        assert!(!skips_hash(None, small));
+        assert!(skips_hash(None, large));
+        config().set_bool("feature.manyFiles", true).expect("set");
+        assert!(skips_hash(Some(&config()), small));
+        config().set_bool("index.skipHash", false).expect("set");
+        assert!(!skips_hash(Some(&config()), small));
+        assert!(
+            !skips_hash(Some(&config()), large),
+            "an explicit false wins"
+        );
+        config().set_bool("index.skipHash", true).expect("set");
+        config().set_bool("feature.manyFiles", false).expect("set");
+        assert!(skips_hash(Some(&config()), small));
+        config().set_str("index.skipHash", "maybe").expect("set");
+        assert!(!skips_hash(Some(&config()), small), "unreadable: as unset");
     }
 
     /// A person changes a file in the second git last wrote the index, keeping its size
@@ -984,7 +1139,7 @@ mod tests {
             blob: Some(one),
             stat: Some(&one_stat),
         }];
-        let unsupported = |expected: &str| match write_next(&index, &next, &updates) {
+        let unsupported = |expected: &str| match write_next(&index, &next, &updates, false) {
             Ok(Outcome::Unsupported(why)) => assert!(why.contains(expected), "{why}"),
             Ok(Outcome::Written(_)) => panic!("written, expected {expected}"),
             Err(e) => panic!("{e}"),
