@@ -167,8 +167,23 @@ fn check_head(root: &Path, created: &[(String, String)], appended: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_commits_stash_and_commit_all_between_agent_writes_lose_nothing() -> anyhow::Result<()>
 {
+    hand_work_between_agent_writes(false).await
+}
+
+/// The same with `index.skipHash` (what the daemon does by itself from a 1 MiB index,
+/// about 10k pages): git and the daemon both write the index with a null trailer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_commits_between_agent_writes_lose_nothing_with_the_index_hash_skipped()
+-> anyhow::Result<()> {
+    hand_work_between_agent_writes(true).await
+}
+
+async fn hand_work_between_agent_writes(skip_hash: bool) -> anyhow::Result<()> {
     let env = lab_env(Env::new());
     let root = env.workspace_dir("lab");
+    if skip_hash {
+        git(&root, &["config", "index.skipHash", "true"]);
+    }
     let client = env.client(Some("lab")).await?;
     let shared = call(
         &client,
@@ -273,6 +288,26 @@ async fn hand_commits_stash_and_commit_all_between_agent_writes_lose_nothing() -
         "commits deleted paths:\n{deleted}"
     );
     git(&root, &["fsck", "--no-progress"]);
+    // The daemon writes the index last.
+    let last = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/last.md", "content": "# Last\n"}),
+    )
+    .await?;
+    assert!(error_code(&last).is_none(), "{last}");
+    // Read before `git status`, which may write the index again.
+    let index = std::fs::read(root.join(".git/index"))?;
+    let trailer = &index[index.len() - 20..];
+    assert_eq!(
+        trailer.iter().all(|&b| b == 0),
+        skip_hash,
+        "the index's trailer is null exactly when its hash is skipped"
+    );
+    assert_eq!(
+        porcelain(&root),
+        BTreeSet::from(["?? scratch.txt".to_string()])
+    );
     client.cancel().await?;
     Ok(())
 }
