@@ -447,14 +447,59 @@ fn tokenizers(common: &Arc<RwLock<Arc<Common>>>, started: &Arc<AtomicU64>) -> To
 /// holds and the common words it was made with.
 struct Snapshot {
     searcher: Searcher,
+    /// Its segments' fast fields (None: they could not be opened; each search then
+    /// opens them, and says why).
+    columns: Option<Vec<Columns>>,
     seq: i64,
     common: Arc<Common>,
+}
+
+impl Snapshot {
+    fn new(searcher: Searcher, seq: i64, common: Arc<Common>) -> Snapshot {
+        let columns = Columns::of(&searcher).ok();
+        Snapshot {
+            searcher,
+            columns,
+            seq,
+            common,
+        }
+    }
 }
 
 /// Files queued since the snapshot, indexed in memory.
 struct Overlay {
     key: (i64, i64, usize),
     searcher: Searcher,
+    columns: Option<Vec<Columns>>,
+}
+
+/// The fast fields of one segment that `collect` reads per document, opened once per
+/// searcher: opening them for every search (four columns per segment) was a twentieth
+/// of a rare word's search.
+struct Columns {
+    file_ids: tantivy::columnar::Column<u64>,
+    rowids: tantivy::columnar::Column<u64>,
+    workspaces: Option<tantivy::columnar::StrColumn>,
+    layers: Option<tantivy::columnar::StrColumn>,
+}
+
+impl Columns {
+    /// Each segment's, in the searcher's order.
+    fn of(searcher: &Searcher) -> Result<Vec<Columns>> {
+        searcher
+            .segment_readers()
+            .iter()
+            .map(|segment| {
+                let fast = segment.fast_fields();
+                Ok(Columns {
+                    file_ids: fast.u64("file_id")?,
+                    rowids: fast.u64("rowid")?,
+                    workspaces: fast.str("workspace")?,
+                    layers: fast.str("layer")?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// What a commit's payload says.
@@ -731,12 +776,11 @@ impl Engine {
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)
             .try_into()?;
-        let searcher = reader.searcher();
-        let snapshot = Arc::new(Snapshot {
-            searcher,
-            seq: 0,
-            common: Arc::new(Common::default()),
-        });
+        let snapshot = Arc::new(Snapshot::new(
+            reader.searcher(),
+            0,
+            Arc::new(Common::default()),
+        ));
         Ok(Engine {
             dir: dir.to_path_buf(),
             index,
@@ -1023,11 +1067,7 @@ impl Engine {
 
     fn publish(&self, seq: i64, common: Arc<Common>) -> Result<()> {
         self.reader.reload()?;
-        let snapshot = Arc::new(Snapshot {
-            searcher: self.reader.searcher(),
-            seq,
-            common,
-        });
+        let snapshot = Arc::new(Snapshot::new(self.reader.searcher(), seq, common));
         *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = snapshot;
         self.notify();
         Ok(())
@@ -1088,8 +1128,8 @@ impl Engine {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let chunks: i64 = connection.query_row(
-                "SELECT count(*) FROM (SELECT 1 FROM chunks LIMIT ?1)",
-                params![SAMPLE_CHUNKS as i64],
+                &format!("SELECT count(*) FROM (SELECT 1 FROM chunks LIMIT {SAMPLE_CHUNKS})"),
+                [],
                 |row| row.get(0),
             )?;
             if chunks as usize >= SAMPLE_CHUNKS || !catching_up(store) || Instant::now() > deadline
@@ -1213,12 +1253,12 @@ impl Engine {
         let connection = pool.get()?;
         let transaction = connection.unchecked_transaction()?;
         let queued: Vec<(i64, i64)> = {
-            let mut statement = transaction.prepare_cached(
-                "SELECT seq, file_id FROM search_outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-            )?;
-            let rows = statement.query_map(params![feed.applied, BATCH], |row| {
-                Ok((row.get(0)?, row.get(1)?))
-            })?;
+            // The batch written into the statement (a bound LIMIT: `search_now`).
+            let mut statement = transaction.prepare_cached(&format!(
+                "SELECT seq, file_id FROM search_outbox WHERE seq > ?1 ORDER BY seq LIMIT {BATCH}"
+            ))?;
+            let rows =
+                statement.query_map(params![feed.applied], |row| Ok((row.get(0)?, row.get(1)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
         let Some(&(last, _)) = queued.last() else {
@@ -1330,12 +1370,15 @@ impl Engine {
         // them, so entries past the newer snapshot were all still there when read.
         let before = self.snapshot().seq;
         let queued: Vec<(i64, i64)> = {
-            let mut statement = transaction.prepare_cached(
-                "SELECT seq, file_id FROM search_outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-            )?;
-            let cap = (OVERLAY_MAX_FILES * 4) as i64 + 1;
+            // The cap written into the statement: SQLite prepares a statement with a
+            // bound LIMIT again each time a value is bound to it (its plan uses the
+            // value), which was an eighth of a rare word's search.
+            let mut statement = transaction.prepare_cached(&format!(
+                "SELECT seq, file_id FROM search_outbox WHERE seq > ?1 ORDER BY seq LIMIT {}",
+                OVERLAY_MAX_FILES * 4 + 1
+            ))?;
             let rows =
-                statement.query_map(params![before, cap], |row| Ok((row.get(0)?, row.get(1)?)))?;
+                statement.query_map(params![before], |row| Ok((row.get(0)?, row.get(1)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
         let snapshot = self.snapshot();
@@ -1374,6 +1417,7 @@ impl Engine {
         };
         let mut ranked = collect(
             main,
+            snapshot.columns.as_deref(),
             built.as_ref(),
             &stats,
             need,
@@ -1384,6 +1428,7 @@ impl Engine {
         if let Some(overlay) = &overlay {
             ranked.extend(collect(
                 &overlay.searcher,
+                overlay.columns.as_deref(),
                 built.as_ref(),
                 &stats,
                 need,
@@ -1618,9 +1663,11 @@ impl Engine {
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)
             .try_into()?;
+        let searcher = reader.searcher();
         let overlay = Arc::new(Overlay {
             key,
-            searcher: reader.searcher(),
+            columns: Columns::of(&searcher).ok(),
+            searcher,
         });
         *cached = Some(Arc::clone(&overlay));
         Ok(overlay)
@@ -1880,6 +1927,7 @@ impl Ord for Candidate {
 #[allow(clippy::too_many_arguments)]
 fn collect(
     searcher: &Searcher,
+    columns: Option<&[Columns]>,
     query: &dyn Query,
     stats: &Combined<'_>,
     need: usize,
@@ -1892,28 +1940,39 @@ fn collect(
     ))?;
     let mut heap: BinaryHeap<Candidate> = BinaryHeap::with_capacity(need + 1);
     let mut threshold = Score::MIN;
-    for segment in searcher.segment_readers() {
-        let fast = segment.fast_fields();
-        let file_ids = fast.u64("file_id")?;
-        let rowids = fast.u64("rowid")?;
-        let ordinal = |name: &str, value: &Option<String>| -> Result<Option<Option<u64>>> {
+    let opened;
+    let columns = match columns {
+        Some(columns) if columns.len() == searcher.segment_readers().len() => columns,
+        _ => {
+            opened = Columns::of(searcher)?;
+            &opened[..]
+        }
+    };
+    for (segment, column) in searcher.segment_readers().iter().zip(columns) {
+        let Columns {
+            file_ids,
+            rowids,
+            workspaces,
+            layers,
+        } = column;
+        let ordinal = |column: &Option<tantivy::columnar::StrColumn>,
+                       value: &Option<String>|
+         -> Result<Option<Option<u64>>> {
             let Some(value) = value else {
                 return Ok(Some(None));
             };
-            let Some(column) = fast.str(name)? else {
+            let Some(column) = column else {
                 return Ok(None);
             };
             Ok(column.dictionary().term_ord(value)?.map(Some))
         };
         // None: no document of this segment passes.
         let (Some(workspace), Some(layer)) = (
-            ordinal("workspace", &filters.workspace)?,
-            ordinal("layer", &filters.layer)?,
+            ordinal(workspaces, &filters.workspace)?,
+            ordinal(layers, &filters.layer)?,
         ) else {
             continue;
         };
-        let workspaces = fast.str("workspace")?;
-        let layers = fast.str("layer")?;
         let alive = segment.alive_bitset();
         weight.for_each_pruning(threshold, segment, &mut |doc: DocId, score: Score| {
             if alive.is_some_and(|a| a.is_deleted(doc)) {
@@ -1926,7 +1985,7 @@ fn collect(
                         .is_some_and(|c| c.ords().first(doc) == Some(ord))
                 })
             };
-            if !passes(workspace, &workspaces) || !passes(layer, &layers) {
+            if !passes(workspace, workspaces) || !passes(layer, layers) {
                 return threshold;
             }
             let rowid = rowids.first(doc).unwrap_or(0) as i64;

@@ -508,15 +508,21 @@ pub fn counts(
     // The raw files through `files_layer` (workspace, layer), then sorted: left to
     // itself SQLite walked every file of the workspace in path order to keep the raw
     // ones (10 M instructions per guide at 10k pages, for 8 raw files).
-    let mut statement = connection.prepare_cached(
-        "SELECT path FROM files r INDEXED BY files_layer WHERE r.workspace = ?1 AND r.layer = 'raw'
-           AND NOT EXISTS (SELECT 1 FROM citations c CROSS JOIN files w ON w.id = c.file_id
-                           WHERE c.target = r.path AND w.workspace = ?1)
-         ORDER BY path LIMIT ?2",
-    )?;
-    let uncited = statement
-        .query_map(params![workspace, uncited_limit as i64], |row| row.get(0))?
-        .collect::<Result<Vec<String>, _>>()?;
+    // The limit written into the statement (0 or 20 here): SQLite prepares a statement
+    // with a bound LIMIT again each time a value is bound to it.
+    let uncited = if uncited_limit == 0 {
+        Vec::new()
+    } else {
+        let mut statement = connection.prepare_cached(&format!(
+            "SELECT path FROM files r INDEXED BY files_layer WHERE r.workspace = ?1 AND r.layer = 'raw'
+               AND NOT EXISTS (SELECT 1 FROM citations c CROSS JOIN files w ON w.id = c.file_id
+                               WHERE c.target = r.path AND w.workspace = ?1)
+             ORDER BY path LIMIT {uncited_limit}"
+        ))?;
+        statement
+            .query_map(params![workspace], |row| row.get(0))?
+            .collect::<Result<Vec<String>, _>>()?
+    };
     Ok(WorkspaceCounts {
         raw: count("raw")?,
         wiki: count("wiki")?,
