@@ -779,11 +779,17 @@ mod tests {
     }
 
     fn compare(root: &Path, updates: &[Update<'_>]) {
+        compare_with(root, updates, false);
+    }
+
+    /// `skip_hash`: the daemon's index has a null trailer, the rest is libgit2's bytes,
+    /// and `git fsck` accepts it.
+    fn compare_with(root: &Path, updates: &[Update<'_>], skip_hash: bool) {
         let index = root.join(".git/index");
         let theirs = root.join(".git/index-libgit2");
         fs::copy(&index, &theirs).expect("copy");
         with_libgit2(&theirs, updates);
-        ours(&index, updates);
+        ours_with(&index, updates, skip_hash);
         let expected = fs::read(&theirs).expect("read");
         let got = fs::read(&index).expect("read");
         assert_eq!(
@@ -791,7 +797,15 @@ mod tests {
             as_git_sees_it(root, &index),
             "git reads the same index"
         );
-        assert!(got == expected, "byte for byte what libgit2 wrote");
+        if skip_hash {
+            assert_eq!(got.len(), expected.len());
+            let body = got.len() - HASH;
+            assert!(got[..body] == expected[..body], "libgit2's bytes");
+            assert_eq!(trailer_of(&got), [0; HASH], "a null trailer");
+            git(root, &["fsck", "--no-dangling"]);
+        } else {
+            assert!(got == expected, "byte for byte what libgit2 wrote");
+        }
         // libgit2 reads it (and verifies the checksum).
         let reread = git2::Index::open(&index).expect("libgit2 reads it");
         assert_eq!(
@@ -883,47 +897,20 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path();
         let repo = repo(root);
-        let (changed, changed_stat) = page(&repo, "wiki/a/x.md", "changed\n");
         let (new, new_stat) = page(&repo, "wiki/c/new.md", "new\n");
         fs::remove_file(root.join("old.md")).expect("rm");
-        let updates = [
-            Update {
-                path: "wiki/a/x.md",
-                blob: Some(changed),
-                stat: Some(&changed_stat),
-            },
-            Update {
-                path: "wiki/c/new.md",
-                blob: Some(new),
-                stat: Some(&new_stat),
-            },
-            Update {
-                path: "old.md",
-                blob: None,
-                stat: None,
-            },
-        ];
+        let mut updates = vec![Update {
+            path: "wiki/c/new.md",
+            blob: Some(new),
+            stat: Some(&new_stat),
+        }];
+        updates.push(Update {
+            path: "old.md",
+            blob: None,
+            stat: None,
+        });
+        compare_with(root, &updates, true);
         let index = root.join(".git/index");
-        let theirs = root.join(".git/index-libgit2");
-        fs::copy(&index, &theirs).expect("copy");
-        with_libgit2(&theirs, &updates);
-        ours_with(&index, &updates, true);
-        let expected = fs::read(&theirs).expect("read");
-        let got = fs::read(&index).expect("read");
-        assert_eq!(got.len(), expected.len());
-        let body = got.len() - HASH;
-        assert!(got[..body] == expected[..body], "libgit2's bytes");
-        assert_eq!(trailer_of(&got), [0; HASH], "a null trailer");
-        assert_eq!(
-            as_git_sees_it(root, &theirs),
-            as_git_sees_it(root, &index),
-            "git reads the same index"
-        );
-        git(root, &["fsck", "--no-dangling"]);
-        assert_eq!(
-            git2::Index::open(&index).expect("libgit2 reads it").len(),
-            git2::Index::open(&theirs).expect("open").len()
-        );
         // Read back from the disk (not the daemon's own), then with the hash again.
         known().remove(&index);
         let (again, again_stat) = page(&repo, "wiki/a/x.md", "again\n");
