@@ -168,11 +168,27 @@ impl Home {
         let started = Instant::now();
         let mut command = Command::new(&self.binaries.daemon);
         self.isolate(&mut command);
+        // For profiling by hand: the daemon's log at this filter, appended to
+        // `$ALEXANDRIA_BENCH_DAEMON_LOG_FILE` (or `daemon-stderr.log` in the home).
+        let stderr = match std::env::var("ALEXANDRIA_BENCH_DAEMON_LOG") {
+            Ok(filter) => {
+                command.env("ALEXANDRIA_LOG", filter);
+                let path = std::env::var_os("ALEXANDRIA_BENCH_DAEMON_LOG_FILE")
+                    .map_or_else(|| self.root.join("daemon-stderr.log"), PathBuf::from);
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .with_context(|| format!("cannot open {}", path.display()))?;
+                Stdio::from(file)
+            }
+            Err(_) => Stdio::null(),
+        };
         let mut child = command
             .arg("--spawned")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .context("cannot start alexandriad")?;
         let stdout = child.stdout.take().context("daemon stdout")?;
@@ -315,6 +331,52 @@ pub fn cpu_time(pid: u32) -> Result<Duration> {
     let total = ticks(11)? + ticks(12)?;
     // USER_HZ is 100 on every Linux configuration we run on.
     Ok(Duration::from_millis(total * 10))
+}
+
+/// Wait (up to `limit`) until the daemon `pid` is quiet: under 5 % of one core over
+/// two half-second windows in a row, so that what the bench times next is not sharing
+/// the machine with the search index's merge after a bulk load (at 100k pages it runs
+/// for minutes after the index reports ready). Returns how long it waited, and whether
+/// it went quiet.
+pub fn wait_quiet(pid: u32, limit: Duration) -> Result<(Duration, bool)> {
+    const WINDOW: Duration = Duration::from_millis(500);
+    let started = Instant::now();
+    let mut quiet_windows = 0;
+    let mut before = cpu_time(pid)?;
+    while started.elapsed() < limit {
+        std::thread::sleep(WINDOW);
+        let now = cpu_time(pid)?;
+        let used = now.saturating_sub(before);
+        before = now;
+        if used.as_secs_f64() < 0.05 * WINDOW.as_secs_f64() {
+            quiet_windows += 1;
+            if quiet_windows == 2 {
+                return Ok((started.elapsed(), true));
+            }
+        } else {
+            quiet_windows = 0;
+        }
+    }
+    Ok((started.elapsed(), false))
+}
+
+/// `wait_quiet` for each daemon, with a line on stderr saying how long it took.
+pub fn settle(label: &str, pids: &[u32]) -> Result<()> {
+    for &pid in pids {
+        let (waited, quiet) = wait_quiet(pid, Duration::from_secs(300))?;
+        if quiet {
+            eprintln!(
+                "alexandria-bench: [{label}] daemon {pid} quiet after {:.1} s",
+                waited.as_secs_f64()
+            );
+        } else {
+            eprintln!(
+                "alexandria-bench: [{label}] daemon {pid} still busy after {:.0} s; timing anyway",
+                waited.as_secs_f64()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Time from spawning `alexandria --version` to its first byte on stdout: the cost

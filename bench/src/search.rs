@@ -78,7 +78,13 @@ pub fn run(
     }
     rows.push(row.note(note));
 
-    // The same searches to both, round-robin.
+    // The same searches to both, round-robin, once both are quiet (the merge after the
+    // bulk load of the one indexed last may still run).
+    let pids: Vec<u32> = homes
+        .iter()
+        .filter_map(|(home, _)| home.daemon_pid())
+        .collect();
+    procs::settle(&label, &pids)?;
     progress(&format!("[{label}] searches, round-robin"));
     let mut clients: Vec<Direct> = homes
         .iter()

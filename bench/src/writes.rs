@@ -67,6 +67,10 @@ pub fn run(settings: &Settings, binaries: &Binaries, base: Option<&Binaries>) ->
             sides.push(start(settings, base, pages, "base")?);
         }
         sides.push(start(settings, binaries, pages, "this build")?);
+        // The daemon started last may still be merging its search index: the side
+        // started second was 1.35x slower than the first with the same binaries.
+        let pids: Vec<u32> = sides.iter().map(|side| side.pid).collect();
+        procs::settle(&label, &pids)?;
         eprintln!(
             "alexandria-bench: [{label}] writes, load {}",
             procs::load_average()
