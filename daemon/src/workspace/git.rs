@@ -469,6 +469,9 @@ impl Finished {
 /// a crash recovery can move the branch there (the chain may hold versions of pages
 /// found on disk that exist nowhere else).
 const PENDING_FILE: &str = "alexandria-pending";
+/// Its record's size: a commit id padded with spaces, and a newline (all spaces once
+/// the session is over).
+const PENDING_RECORD: usize = 72;
 /// The previous index, kept until HEAD's branch has moved (put back if it cannot).
 const PREVIOUS_INDEX: &str = "alexandria-index-previous";
 
@@ -650,7 +653,7 @@ impl<'r> Session<'r> {
         }
         if let Some(file) = &self.pending {
             let mut record = id.to_string();
-            record.push_str(&" ".repeat(71usize.saturating_sub(record.len())));
+            record.push_str(&" ".repeat((PENDING_RECORD - 1).saturating_sub(record.len())));
             record.push('\n');
             rustix::io::pwrite(file, record.as_bytes(), 0)
                 .map_err(|e| io("recording alexandria's pending commit")(e.into()))?;
@@ -955,7 +958,7 @@ impl<'r> Session<'r> {
             dropped::remember(self.repo, dropped::seen_now(self.repo));
         }
         let durable = std::mem::take(&mut self.written);
-        // Removes `.git/alexandria-pending`, then releases the index lock.
+        // Blanks `.git/alexandria-pending`, then releases the index lock.
         drop(self);
         Ok(Finished {
             durable,
@@ -967,8 +970,14 @@ impl<'r> Session<'r> {
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
-        if self.pending.take().is_some() {
-            let _ = fs::remove_file(self.repo.path().join(PENDING_FILE));
+        // Blanked in place, not removed: the next session writes the same file again
+        // instead of creating one (each file created and removed per write cost ext4
+        // without a journal a scan past the inodes it freed in the last seconds).
+        if let Some(file) = self.pending.take() {
+            let blank = format!("{}\n", " ".repeat(PENDING_RECORD - 1));
+            if rustix::io::pwrite(&file, blank.as_bytes(), 0).is_err() {
+                let _ = fs::remove_file(self.repo.path().join(PENDING_FILE));
+            }
         }
     }
 }
@@ -1124,6 +1133,21 @@ mod tests {
         assert!(index_blob(&repo, "wiki/two.md").is_some());
         assert_eq!(read_pending(repo.path()), None);
         assert!(!repo.path().join("index.lock").exists());
+        // The record is blanked, not removed: the next session writes the same file.
+        let pending = repo.path().join(PENDING_FILE);
+        let inode = fs::metadata(&pending).expect("kept").ino();
+        assert_eq!(
+            fs::read(&pending).expect("read"),
+            [&[b' '; 71][..], b"\n"].concat()
+        );
+        let mut again = Session::begin(&repo, Duration::from_millis(10)).expect("begin");
+        let third = again
+            .commit(&[page("wiki/three.md", b"three")], "three", &me)
+            .expect("commit");
+        assert_eq!(read_pending(repo.path()), Some(third));
+        assert_eq!(fs::metadata(&pending).expect("kept").ino(), inode);
+        again.finish().expect("finish");
+        assert_eq!(read_pending(repo.path()), None);
     }
 
     #[test]

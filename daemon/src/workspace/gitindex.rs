@@ -61,6 +61,7 @@ pub struct Written {
     file: File,
     current: PathBuf,
     bytes: Arc<Vec<u8>>,
+    table: Arc<Table>,
 }
 
 impl Written {
@@ -75,6 +76,7 @@ impl Written {
                 Known {
                     identity,
                     bytes: Some(self.bytes),
+                    table: Some(self.table),
                 },
             );
         }
@@ -116,6 +118,8 @@ impl Identity {
 struct Known {
     identity: Identity,
     bytes: Option<Arc<Vec<u8>>>,
+    /// Where the parts of those bytes are (kept and let go with them).
+    table: Option<Arc<Table>>,
 }
 
 static KNOWN: Mutex<BTreeMap<PathBuf, Known>> = Mutex::new(BTreeMap::new());
@@ -129,6 +133,7 @@ fn known() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, Known>> {
 pub fn release_cached() {
     for known in known().values_mut() {
         known.bytes = None;
+        known.table = None;
     }
 }
 
@@ -142,32 +147,43 @@ pub fn write_next(
     updates: &[Update<'_>],
     skip_hash: bool,
 ) -> std::io::Result<Outcome> {
-    let (bytes, metadata, ours) = match load(current) {
+    let Loaded {
+        bytes,
+        metadata,
+        ours,
+        table,
+    } = match load(current) {
         Ok(loaded) => loaded,
         Err(e) if e.kind() == ErrorKind::NotFound => {
             return Ok(Outcome::Unsupported("there is no index"));
         }
         Err(e) => return Err(e),
     };
-    // The daemon's own index is in order: it wrote it so.
-    let index = match parse(&bytes, !ours, Some(metadata.mtime())) {
-        Ok(index) => index,
-        Err(why) => return Ok(Outcome::Unsupported(why)),
+    let mtime = metadata.mtime();
+    let table = match table {
+        // Every entry left out of its candidates is older than `since`: only if the
+        // index is not older than that (a clock set back) are they not racy now.
+        Some(table) if table.since <= mtime => table,
+        // The daemon's own index is in order: it wrote it so.
+        _ => match parse(&bytes, !ours, Some(mtime)) {
+            Ok(table) => Arc::new(table),
+            Err(why) => return Ok(Outcome::Unsupported(why)),
+        },
     };
     let trailer = trailer_of(&bytes);
     // A null trailer is git's `index.skipHash`: nothing to verify.
     if !ours && trailer != [0; HASH] && sha1(&bytes[..bytes.len() - HASH]) != trailer {
         return Ok(Outcome::Unsupported("the index's checksum does not match"));
     }
+    let racy: Vec<usize> = table
+        .candidates
+        .iter()
+        .map(|&i| i as usize)
+        .filter(|&i| maybe_racy(table.entries[i].entry(&bytes), mtime))
+        .collect();
     // The working tree, for the racily clean entries (`smudged`).
     let workdir = current.parent().and_then(Path::parent);
-    let built = match build(
-        &bytes,
-        &index,
-        updates,
-        workdir.map(|w| (w, metadata.mtime())),
-        skip_hash,
-    ) {
+    let (built, table) = match build(&bytes, &table, &racy, mtime, updates, workdir, skip_hash) {
         Ok(built) => built,
         Err(why) => return Ok(Outcome::Unsupported(why)),
     };
@@ -186,33 +202,54 @@ pub fn write_next(
         file,
         current: current.to_path_buf(),
         bytes: Arc::new(built),
+        table: Arc::new(table),
     }))
+}
+
+/// An index read for a rewrite.
+struct Loaded {
+    bytes: Arc<Vec<u8>>,
+    metadata: Metadata,
+    /// The file the daemon last wrote there.
+    ours: bool,
+    /// Where its parts are, when the daemon kept that (its own index, bytes from memory).
+    table: Option<Arc<Table>>,
 }
 
 /// The bytes of the index at `path`, its metadata, and whether it is the file the
 /// daemon last wrote there (same identity, and the trailer on disk is the one it
 /// wrote): then its bytes come from memory when they are still kept.
-fn load(path: &Path) -> std::io::Result<(Arc<Vec<u8>>, Metadata, bool)> {
+fn load(path: &Path) -> std::io::Result<Loaded> {
     let mut file = File::open(path)?;
     let metadata = file.metadata()?;
     let known = known()
         .get(path)
-        .map(|known| (known.identity, known.bytes.clone()));
-    if let Some((identity, Some(bytes))) = &known
+        .map(|known| (known.identity, known.bytes.clone(), known.table.clone()));
+    if let Some((identity, Some(bytes), table)) = &known
         && metadata.size() == bytes.len() as u64
         && bytes.len() >= HASH
     {
         let mut trailer = [0; HASH];
         file.read_exact_at(&mut trailer, metadata.size() - HASH as u64)?;
         if *identity == Identity::of(&metadata, trailer) && trailer == trailer_of(bytes) {
-            return Ok((Arc::clone(bytes), metadata, true));
+            return Ok(Loaded {
+                bytes: Arc::clone(bytes),
+                metadata,
+                ours: true,
+                table: table.clone(),
+            });
         }
     }
     let mut bytes = Vec::with_capacity(metadata.len() as usize + 1);
     file.read_to_end(&mut bytes)?;
-    let ours =
-        known.is_some_and(|(identity, _)| identity == Identity::of(&metadata, trailer_of(&bytes)));
-    Ok((Arc::new(bytes), metadata, ours))
+    let ours = known
+        .is_some_and(|(identity, _, _)| identity == Identity::of(&metadata, trailer_of(&bytes)));
+    Ok(Loaded {
+        bytes: Arc::new(bytes),
+        metadata,
+        ours,
+        table: None,
+    })
 }
 
 /// An index from this size on gets a null trailer unless the repository's git
@@ -246,18 +283,57 @@ fn trailer_of(bytes: &[u8]) -> [u8; HASH] {
     trailer
 }
 
-/// Where the parts of an index are.
-struct Parsed<'b> {
-    version: u32,
-    /// Each entry's bytes and path, in the index's order (path, then stage).
-    entries: Vec<(&'b [u8], &'b [u8])>,
-    tree: Option<&'b [u8]>,
-    /// Extensions kept as they are (header included).
-    kept: Vec<&'b [u8]>,
-    /// The entries that may be racily clean (`maybe_racy`), in order: found while the
-    /// entries are located, not in a second pass over a 10 MB index.
-    racy: Vec<usize>,
+/// Where one entry lies in the index's bytes: the entry, and its path within it.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: u32,
+    end: u32,
+    path_start: u32,
+    path_end: u32,
 }
+
+impl Span {
+    /// The same entry copied `by` bytes further (or back).
+    fn moved(self, by: i64) -> Span {
+        let at = |offset: u32| (i64::from(offset) + by) as u32;
+        Span {
+            start: at(self.start),
+            end: at(self.end),
+            path_start: at(self.path_start),
+            path_end: at(self.path_end),
+        }
+    }
+
+    fn entry(self, bytes: &[u8]) -> &[u8] {
+        &bytes[self.start as usize..self.end as usize]
+    }
+
+    fn path(self, bytes: &[u8]) -> &[u8] {
+        &bytes[self.path_start as usize..self.path_end as usize]
+    }
+}
+
+/// Where the parts of an index are, by offset. Kept with the bytes of the index the
+/// daemon wrote (`Known`), so the next session neither walks nor checks its 100k entries
+/// again (at 100k pages that walk was a tenth of a write's CPU time).
+#[derive(Debug)]
+struct Table {
+    version: u32,
+    /// Each entry, in the index's order (path, then stage).
+    entries: Vec<Span>,
+    /// The cache tree's data (`TREE`, without its header).
+    tree: Option<(usize, usize)>,
+    /// Extensions kept as they are (header included).
+    kept: Vec<(usize, usize)>,
+    /// The entries that may be racily clean, in order: every entry whose file's mtime
+    /// is older than `since` (seconds) is left out. Filtered with `maybe_racy` against
+    /// the index file's mtime when used.
+    candidates: Vec<u32>,
+    since: i64,
+}
+
+/// The largest index handled (offsets are kept as u32).
+const MAX_INDEX: usize = u32::MAX as usize;
 
 fn be32(bytes: &[u8], at: usize) -> Option<u32> {
     let four = bytes.get(at..at + 4)?;
@@ -266,15 +342,14 @@ fn be32(bytes: &[u8], at: usize) -> Option<u32> {
 
 /// Where the parts of the index `bytes` are; `check_order`: that its entries are in
 /// git's order (an index the daemon did not write); `racy_from`: the index file's
-/// mtime, for `Parsed::racy`.
-fn parse(
-    bytes: &[u8],
-    check_order: bool,
-    racy_from: Option<i64>,
-) -> Result<Parsed<'_>, &'static str> {
+/// mtime, for `Table::candidates` (None: no candidates).
+fn parse(bytes: &[u8], check_order: bool, racy_from: Option<i64>) -> Result<Table, &'static str> {
     const BAD: &str = "the index is malformed";
     if bytes.len() < HEADER + HASH || &bytes[..4] != b"DIRC" {
         return Err(BAD);
+    }
+    if bytes.len() > MAX_INDEX {
+        return Err("an index of 4 GiB or more");
     }
     let version = be32(bytes, 4).ok_or(BAD)?;
     if version == 4 {
@@ -286,7 +361,7 @@ fn parse(
     let count = be32(bytes, 8).ok_or(BAD)? as usize;
     let body = bytes.len() - HASH;
     let mut entries = Vec::with_capacity(count.min(body / (FIXED + 2)));
-    let mut racy = Vec::new();
+    let mut candidates = Vec::new();
     let mut at = HEADER;
     for _ in 0..count {
         let flags_at = at + FIXED - 2;
@@ -312,12 +387,21 @@ fn parse(
             return Err(BAD);
         }
         if racy_from.is_some_and(|mtime| maybe_racy(&bytes[at..end], mtime)) {
-            racy.push(entries.len());
+            candidates.push(entries.len() as u32);
         }
-        entries.push((&bytes[at..end], &bytes[start..start + length]));
+        entries.push(Span {
+            start: at as u32,
+            end: end as u32,
+            path_start: start as u32,
+            path_end: (start + length) as u32,
+        });
         at = end;
     }
-    if check_order && entries.windows(2).any(|pair| pair[0].1 > pair[1].1) {
+    if check_order
+        && entries
+            .windows(2)
+            .any(|pair| pair[0].path(bytes) > pair[1].path(bytes))
+    {
         return Err("the index's entries are out of order");
     }
     let mut tree = None;
@@ -329,22 +413,22 @@ fn parse(
             .filter(|&e| e <= body)
             .ok_or(BAD)?;
         match &bytes[at..at + 4] {
-            b"TREE" => tree = Some(&bytes[at + 8..end]),
-            b"REUC" => kept.push(&bytes[at..end]),
+            b"TREE" => tree = Some((at + 8, end)),
+            b"REUC" => kept.push((at, end)),
             signature if signature[0].is_ascii_uppercase() => {}
             _ => return Err("a required index extension (split or sparse index)"),
         }
         at = end;
     }
-    Ok(Parsed {
+    Ok(Table {
         version,
         entries,
         tree,
         kept,
-        racy,
+        candidates,
+        since: racy_from.unwrap_or(i64::MAX),
     })
 }
-
 /// An entry copied from an index whose file was modified at `index_mtime` (seconds),
 /// smudged as git smudges it when it writes an index: an entry whose file changed in
 /// that same second without changing size may look unchanged by its stat data (git
@@ -400,15 +484,22 @@ fn maybe_racy(entry: &[u8], index_mtime: i64) -> bool {
     }
 }
 
-/// The new index's bytes, trailer included. `racy`: the working tree and the old
-/// index file's mtime, for `smudged`; `skip_hash`: a null trailer.
+/// The new index's bytes, trailer included, and where its parts are. `racy`: the
+/// entries that may be racily clean against `mtime`, the old index file's mtime (in
+/// order); `workdir`: the working tree, for `smudged`; `skip_hash`: a null trailer.
+///
+/// Only the entries around an update and the racy ones are looked at one by one: the
+/// others are copied in runs, and their places in the new index are their old ones
+/// moved by what was inserted or removed before them.
 fn build(
     bytes: &[u8],
-    index: &Parsed<'_>,
+    index: &Table,
+    racy: &[usize],
+    mtime: i64,
     updates: &[Update<'_>],
-    racy: Option<(&Path, i64)>,
+    workdir: Option<&Path>,
     skip_hash: bool,
-) -> Result<Vec<u8>, &'static str> {
+) -> Result<(Vec<u8>, Table), &'static str> {
     let mut updates: Vec<&Update<'_>> = updates.iter().collect();
     updates.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
     updates.dedup_by(|later, earlier| {
@@ -421,8 +512,9 @@ fn build(
         }
     });
     let entries = &index.entries;
-    let first_at_or_after = |path: &[u8]| entries.partition_point(|(_, p)| *p < path);
-    let mut removed = vec![false; entries.len()];
+    let path_of = |i: usize| entries[i].path(bytes);
+    let first_at_or_after = |path: &[u8]| entries.partition_point(|s| s.path(bytes) < path);
+    let mut removed: Vec<usize> = Vec::new();
     let mut inserted: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut invalid: Vec<&[u8]> = Vec::new();
     for update in &updates {
@@ -432,8 +524,8 @@ fn build(
         }
         invalid.push(path);
         let from = first_at_or_after(path);
-        let to = entries.partition_point(|(_, p)| *p <= path);
-        removed[from..to].fill(true);
+        let to = entries.partition_point(|s| s.path(bytes) <= path);
+        removed.extend(from..to);
         let Some(id) = update.blob else {
             continue;
         };
@@ -442,79 +534,113 @@ fn build(
         for (i, _) in path.iter().enumerate().filter(|(_, b)| **b == b'/') {
             let dir = &path[..i];
             let at = first_at_or_after(dir);
-            for (j, (_, p)) in entries.iter().enumerate().skip(at) {
-                if *p != dir {
-                    break;
-                }
-                removed[j] = true;
-            }
+            removed.extend((at..entries.len()).take_while(|&j| path_of(j) == dir));
         }
         let mut below = path.to_vec();
         below.push(b'/');
         let at = first_at_or_after(&below);
-        for (j, (_, p)) in entries.iter().enumerate().skip(at) {
-            if !p.starts_with(&below) {
-                break;
-            }
-            removed[j] = true;
-            invalid.push(p);
+        for j in (at..entries.len()).take_while(|&j| path_of(j).starts_with(&below)) {
+            removed.push(j);
+            invalid.push(path_of(j));
         }
         let mut entry = Vec::with_capacity(FIXED + path.len() + 8);
         encode_entry(&mut entry, path, id, update.stat);
         inserted.push((from, entry));
     }
-    // Entries inserted at the same place are in path order already.
-    let mut out =
-        Vec::with_capacity(bytes.len() + inserted.iter().map(|(_, e)| e.len()).sum::<usize>());
+    removed.sort_unstable();
+    removed.dedup();
+    // Where something other than a copy happens, in order.
+    let mut stops: Vec<usize> = removed.clone();
+    stops.extend_from_slice(racy);
+    stops.extend(inserted.iter().map(|(at, _)| *at));
+    stops.sort_unstable();
+    stops.dedup();
+
+    let inserted_bytes: usize = inserted.iter().map(|(_, e)| e.len()).sum();
+    let mut out = Vec::with_capacity(bytes.len() + inserted_bytes);
     out.extend_from_slice(b"DIRC");
     out.extend_from_slice(&index.version.to_be_bytes());
     out.extend_from_slice(&[0; 4]);
-    let mut count: u32 = 0;
-    let mut next = inserted.iter().peekable();
-    // Entries kept as they are, copied in runs: the bytes from `run` to the entry at
-    // hand (entries lie end to end in `bytes`).
-    let offset = |entry: &[u8]| entry.as_ptr().addr() - bytes.as_ptr().addr();
-    let mut run: Option<usize> = None;
-    let mut racy_entries = index.racy.iter().copied().peekable();
-    for (i, (entry, path)) in entries.iter().enumerate() {
-        let maybe = racy_entries.next_if_eq(&i).is_some();
-        let at = offset(entry);
-        let flush = |run: &mut Option<usize>, out: &mut Vec<u8>| {
-            if let Some(start) = run.take() {
-                out.extend_from_slice(&bytes[start..at]);
-            }
-        };
-        if next.peek().is_some_and(|(to, _)| *to == i) {
-            flush(&mut run, &mut out);
-            while let Some((_, new)) = next.next_if(|(to, _)| *to == i) {
-                out.extend_from_slice(new);
-                count += 1;
-            }
+    let mut table = Table {
+        version: index.version,
+        entries: Vec::with_capacity(entries.len() + inserted.len()),
+        tree: None,
+        kept: Vec::new(),
+        candidates: Vec::new(),
+        since: mtime,
+    };
+    // Entries `from..to` copied as they are, in one run.
+    let copy = |from: usize, to: usize, out: &mut Vec<u8>, table: &mut Table| {
+        if from < to {
+            let (start, end) = (entries[from].start as usize, entries[to - 1].end as usize);
+            let by = out.len() as i64 - start as i64;
+            out.extend_from_slice(&bytes[start..end]);
+            table
+                .entries
+                .extend(entries[from..to].iter().map(|s| s.moved(by)));
         }
-        if removed[i] {
-            flush(&mut run, &mut out);
+    };
+    // One entry's bytes appended, `path_at` bytes into it; a racy candidate if `racy`.
+    let push = |entry: &[u8],
+                path_at: usize,
+                path_len: usize,
+                racy: bool,
+                out: &mut Vec<u8>,
+                table: &mut Table| {
+        let start = out.len();
+        if racy {
+            table.candidates.push(table.entries.len() as u32);
+        }
+        table.entries.push(Span {
+            start: start as u32,
+            end: (start + entry.len()) as u32,
+            path_start: (start + path_at) as u32,
+            path_end: (start + path_at + path_len) as u32,
+        });
+        out.extend_from_slice(entry);
+    };
+    let mut next_insert = inserted.iter().peekable();
+    let mut next_removed = removed.iter().copied().peekable();
+    let mut next_racy = racy.iter().copied().peekable();
+    let mut cursor = 0;
+    for &stop in &stops {
+        copy(cursor, stop.min(entries.len()), &mut out, &mut table);
+        cursor = stop;
+        while let Some((_, new)) = next_insert.next_if(|(at, _)| *at == stop) {
+            let path_len = new.len() - FIXED;
+            let path_len = new[FIXED..FIXED + path_len]
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(path_len);
+            // What the daemon just wrote is as new as the index: racy until later.
+            push(new, FIXED, path_len, true, &mut out, &mut table);
+        }
+        if stop >= entries.len() {
             continue;
         }
-        count += 1;
-        match racy {
-            Some((workdir, mtime)) if maybe => {
-                flush(&mut run, &mut out);
-                out.extend_from_slice(&smudged(entry, path, workdir, mtime));
+        cursor = stop + 1;
+        let maybe = next_racy.next_if_eq(&stop).is_some();
+        if next_removed.next_if_eq(&stop).is_some() {
+            continue;
+        }
+        let span = entries[stop];
+        let entry = span.entry(bytes);
+        let path_at = (span.path_start - span.start) as usize;
+        let path_len = (span.path_end - span.path_start) as usize;
+        match workdir {
+            Some(workdir) if maybe => {
+                let written = smudged(entry, span.path(bytes), workdir, mtime);
+                let still = maybe_racy(&written, mtime);
+                push(&written, path_at, path_len, still, &mut out, &mut table);
             }
-            _ => {
-                run.get_or_insert(at);
-            }
+            _ => push(entry, path_at, path_len, maybe, &mut out, &mut table),
         }
     }
-    if let (Some(start), Some((last, _))) = (run, entries.last()) {
-        out.extend_from_slice(&bytes[start..offset(last) + last.len()]);
-    }
-    for (_, new) in next {
-        out.extend_from_slice(new);
-        count += 1;
-    }
+    copy(cursor, entries.len(), &mut out, &mut table);
+    let count = u32::try_from(table.entries.len()).map_err(|_| "too many entries")?;
     out[8..12].copy_from_slice(&count.to_be_bytes());
-    if let Some(tree) = index.tree {
+    if let Some((from, to)) = index.tree {
+        let tree = &bytes[from..to];
         let mut nodes = parse_tree(tree).ok_or("the index's cache tree is malformed")?;
         for path in invalid {
             invalidate(&mut nodes, path);
@@ -530,16 +656,22 @@ fn build(
         }
         out.extend_from_slice(b"TREE");
         out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let at = out.len();
         out.extend_from_slice(&data);
+        table.tree = Some((at, out.len()));
     }
-    for extension in &index.kept {
-        out.extend_from_slice(extension);
+    for &(from, to) in &index.kept {
+        let at = out.len();
+        out.extend_from_slice(&bytes[from..to]);
+        table.kept.push((at, out.len()));
+    }
+    if out.len() + HASH > MAX_INDEX {
+        return Err("an index of 4 GiB or more");
     }
     let trailer = if skip_hash { [0; HASH] } else { sha1(&out) };
     out.extend_from_slice(&trailer);
-    Ok(out)
+    Ok((out, table))
 }
-
 /// An entry as git writes it (what libgit2's `Index::add` wrote for the same values).
 fn encode_entry(out: &mut Vec<u8>, path: &[u8], id: Oid, stat: Option<&Metadata>) {
     let fields: [u32; 10] = match stat {
@@ -753,6 +885,49 @@ mod tests {
         libgit2.write().expect("write index");
     }
 
+    /// The daemon writes `path` and rewrites `index` with it; its blob and stat data.
+    fn daemon_writes(
+        repo: &git2::Repository,
+        index: &Path,
+        path: &str,
+        text: &str,
+    ) -> (Oid, Metadata) {
+        let (id, stat) = page(repo, path, text);
+        ours(
+            index,
+            &[Update {
+                path,
+                blob: Some(id),
+                stat: Some(&stat),
+            }],
+        );
+        (id, stat)
+    }
+
+    /// The folder `wiki/b` becomes a file and the file `wiki/file` a folder, written by
+    /// the daemon in one rewrite.
+    fn file_and_folder_swap_places(repo: &git2::Repository, root: &Path) {
+        fs::remove_dir_all(root.join("wiki/b")).expect("rm");
+        let (file, file_stat) = page(repo, "wiki/b", "now a file\n");
+        fs::remove_file(root.join("wiki/file")).expect("rm");
+        let (under, under_stat) = page(repo, "wiki/file/under.md", "under\n");
+        ours(
+            &root.join(".git/index"),
+            &[
+                Update {
+                    path: "wiki/b",
+                    blob: Some(file),
+                    stat: Some(&file_stat),
+                },
+                Update {
+                    path: "wiki/file/under.md",
+                    blob: Some(under),
+                    stat: Some(&under_stat),
+                },
+            ],
+        );
+    }
+
     fn ours(index: &Path, updates: &[Update<'_>]) {
         ours_with(index, updates, false);
     }
@@ -856,25 +1031,7 @@ mod tests {
         // A file where a directory was, and a directory where a file was: the entries
         // in the way go, as `git add` does (libgit2 left both, an index git cannot
         // make a tree of).
-        fs::remove_dir_all(root.join("wiki/b")).expect("rm");
-        let (file, file_stat) = page(&repo, "wiki/b", "now a file\n");
-        fs::remove_file(root.join("wiki/file")).expect("rm");
-        let (under, under_stat) = page(&repo, "wiki/file/under.md", "under\n");
-        ours(
-            &root.join(".git/index"),
-            &[
-                Update {
-                    path: "wiki/b",
-                    blob: Some(file),
-                    stat: Some(&file_stat),
-                },
-                Update {
-                    path: "wiki/file/under.md",
-                    blob: Some(under),
-                    stat: Some(&under_stat),
-                },
-            ],
-        );
+        file_and_folder_swap_places(&repo, root);
         assert_eq!(
             git(root, &["ls-files"]),
             "mine.txt\nraw/r.txt\nwiki/a/x.md\nwiki/a/y.md\nwiki/b\nwiki/c/new.md\nwiki/file/under.md\nzzz.md\n"
@@ -1052,15 +1209,7 @@ mod tests {
         let root = dir.path();
         let repo = repo(root);
         let index = root.join(".git/index");
-        let (one, one_stat) = page(&repo, "wiki/one.md", "one\n");
-        ours(
-            &index,
-            &[Update {
-                path: "wiki/one.md",
-                blob: Some(one),
-                stat: Some(&one_stat),
-            }],
-        );
+        daemon_writes(&repo, &index, "wiki/one.md", "one\n");
         // `git add -N` makes a version 3 index (an entry with extended flags).
         fs::write(root.join("later.txt"), "later\n").expect("write");
         git(root, &["add", "-N", "later.txt"]);
@@ -1087,15 +1236,7 @@ mod tests {
         let root = dir.path();
         let repo = repo(root);
         let index = root.join(".git/index");
-        let (one, one_stat) = page(&repo, "wiki/one.md", "one\n");
-        ours(
-            &index,
-            &[Update {
-                path: "wiki/one.md",
-                blob: Some(one),
-                stat: Some(&one_stat),
-            }],
-        );
+        daemon_writes(&repo, &index, "wiki/one.md", "one\n");
         // Same file, same size: `mine.txt`'s staged blob becomes another, the trailer
         // is computed again (what a tool writing the index in place would leave).
         let mut bytes = fs::read(&index).expect("read");
@@ -1104,8 +1245,8 @@ mod tests {
         let at = parsed
             .entries
             .iter()
-            .find(|(_, path)| *path == b"mine.txt")
-            .map(|(entry, _)| entry.as_ptr() as usize - bytes.as_ptr() as usize)
+            .find(|span| span.path(&bytes) == b"mine.txt")
+            .map(|span| span.start as usize)
             .expect("mine.txt is staged");
         bytes[at + 40..at + 60].copy_from_slice(other.as_bytes());
         let body = bytes.len() - HASH;
@@ -1114,18 +1255,170 @@ mod tests {
         let mut file = OpenOptions::new().write(true).open(&index).expect("open");
         file.write_all(&bytes).expect("write in place");
         drop(file);
-        let (two, two_stat) = page(&repo, "wiki/two.md", "two\n");
-        ours(
-            &index,
-            &[Update {
-                path: "wiki/two.md",
-                blob: Some(two),
-                stat: Some(&two_stat),
-            }],
-        );
+        daemon_writes(&repo, &index, "wiki/two.md", "two\n");
         let staged = git(root, &["ls-files", "--stage", "mine.txt"]);
         assert!(staged.contains(&other.to_string()), "{staged}");
         assert!(git(root, &["ls-files"]).contains("wiki/two.md"));
+    }
+
+    /// Whether the daemon kept where the parts of `index` are (the next rewrite does
+    /// not parse it).
+    fn table_kept(index: &Path) -> bool {
+        known().get(index).is_some_and(|k| k.table.is_some())
+    }
+
+    /// Rewrites in a row, each from the table the last one kept, give byte for byte the
+    /// index libgit2 makes with the same updates one after the other: entries inserted
+    /// before the first, between others and after the last, replaced, removed, a
+    /// directory replaced by a file and a file by a directory, in several rewrites.
+    #[test]
+    fn rewrites_from_the_kept_table_are_what_libgit2_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        // Files older than the index: most entries are copied in runs, not one by one.
+        let past = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        for path in [
+            "wiki/a/x.md",
+            "wiki/a/y.md",
+            "wiki/b/z.md",
+            "wiki/file",
+            "raw/r.txt",
+        ] {
+            fs::File::options()
+                .write(true)
+                .open(root.join(path))
+                .and_then(|f| f.set_modified(past))
+                .expect("set mtime");
+        }
+        git(root, &["update-index", "--refresh"]);
+        let index = root.join(".git/index");
+        let theirs = root.join(".git/index-libgit2");
+        fs::copy(&index, &theirs).expect("copy");
+        let steps: Vec<Vec<(&str, Option<&str>)>> = vec![
+            vec![
+                ("wiki/c/new.md", Some("new\n")),
+                ("aaa.md", Some("first\n")),
+            ],
+            vec![
+                ("wiki/a/x.md", Some("changed\n")),
+                ("zzz.md", Some("last\n")),
+                ("old.md", None),
+            ],
+            vec![("wiki/a/w.md", Some("w\n")), ("wiki/c/new.md", None)],
+            vec![("wiki/c/new.md", Some("again\n")), ("aaa.md", None)],
+        ];
+        for (n, step) in steps.iter().enumerate() {
+            let mut pages = Vec::new();
+            for (path, text) in step {
+                match text {
+                    Some(text) => {
+                        let (id, stat) = page(&repo, path, text);
+                        pages.push((*path, Some(id), Some(stat)));
+                    }
+                    None => {
+                        let _ = fs::remove_file(root.join(path));
+                        pages.push((*path, None, None));
+                    }
+                }
+            }
+            let updates: Vec<Update<'_>> = pages
+                .iter()
+                .map(|(path, blob, stat)| Update {
+                    path,
+                    blob: *blob,
+                    stat: stat.as_ref(),
+                })
+                .collect();
+            assert_eq!(table_kept(&index), n > 0, "step {n}: the table is kept");
+            if n > 0 {
+                assert!(
+                    load(&index).expect("load").table.is_some(),
+                    "step {n}: and used"
+                );
+            }
+            with_libgit2(&theirs, &updates);
+            ours(&index, &updates);
+            assert!(
+                fs::read(&index).expect("read") == fs::read(&theirs).expect("read"),
+                "step {n}: byte for byte what libgit2 wrote"
+            );
+            // On copies: `git status` may write the index it reads.
+            let seen = |file: &Path| {
+                let probe = root.join(".git/index-probe");
+                fs::copy(file, &probe).expect("copy");
+                as_git_sees_it(root, &probe)
+            };
+            assert_eq!(seen(&theirs), seen(&index), "step {n}");
+        }
+        // A file where a directory was and a directory where a file was, from the table.
+        assert!(table_kept(&root.join(".git/index")));
+        file_and_folder_swap_places(&repo, root);
+        // The table kept is the one of the bytes kept: read back (before
+        // `git write-tree` rewrites the index), it is the same.
+        let bytes = fs::read(&index).expect("read");
+        let parsed = parse(&bytes, true, None).expect("parse");
+        let kept = known()
+            .get(&index)
+            .and_then(|k| k.table.clone())
+            .expect("kept");
+        let spans = |t: &Table| -> Vec<(u32, u32, u32, u32)> {
+            t.entries
+                .iter()
+                .map(|s| (s.start, s.end, s.path_start, s.path_end))
+                .collect()
+        };
+        assert_eq!(spans(&kept), spans(&parsed));
+        assert_eq!((kept.tree, &kept.kept), (parsed.tree, &parsed.kept));
+        assert_eq!(
+            git(root, &["ls-files"]),
+            "mine.txt\nraw/r.txt\nwiki/a/w.md\nwiki/a/x.md\nwiki/a/y.md\nwiki/b\nwiki/c/new.md\nwiki/file/under.md\nzzz.md\n"
+        );
+        git(root, &["write-tree"]);
+    }
+
+    /// A page the daemon wrote in the second it wrote the index is racy for git; a
+    /// person changes it in that second, keeping its size. The next rewrite, from the
+    /// kept table and in a later second, must still let git see the change (the
+    /// entry carried from one rewrite to the next as a candidate, and smudged).
+    #[test]
+    fn a_racy_entry_the_daemon_wrote_is_checked_at_the_next_rewrite() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        let index = root.join(".git/index");
+        // Just after a second begins: the page and the index are written in that second.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock");
+        std::thread::sleep(
+            std::time::Duration::from_millis(1010)
+                - std::time::Duration::from_nanos(u64::from(now.subsec_nanos())),
+        );
+        let (_, one_stat) = daemon_writes(&repo, &index, "wiki/one.md", "one\n");
+        assert!(table_kept(&index));
+        let file = root.join("wiki/one.md");
+        let mtime = one_stat.modified().expect("mtime");
+        fs::write(&file, "ONE\n").expect("write");
+        fs::File::options()
+            .write(true)
+            .open(&file)
+            .and_then(|f| f.set_modified(mtime))
+            .expect("set mtime");
+        // The index's own mtime is that second too (git would check the entry).
+        let index_mtime = fs::metadata(&index).expect("stat").mtime();
+        assert!(one_stat.mtime() >= index_mtime, "the entry is racy");
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        daemon_writes(&repo, &index, "wiki/two.md", "two\n");
+        assert!(
+            fs::metadata(&index).expect("stat").mtime() > one_stat.mtime(),
+            "the new index is later than the entry"
+        );
+        assert_eq!(
+            git(root, &["diff-files", "--name-only"]),
+            "wiki/one.md\n",
+            "git must see the change after the daemon wrote the index again"
+        );
     }
 
     #[test]
