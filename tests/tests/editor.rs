@@ -647,9 +647,14 @@ async fn random_kills_while_an_editor_saves_lose_no_line() -> anyhow::Result<()>
         .await?;
         assert!(error_code(&last).is_none(), "{last}");
     }
+    // Each page's history read once (once per line was thousands of `git log -p`).
+    let in_git: std::collections::HashMap<&String, HashSet<String>> = pages
+        .iter()
+        .map(|page| (page, added_lines(&root, page)))
+        .collect();
     let mut lost = Vec::new();
     for (page, line) in &acknowledged {
-        if !added_lines(&root, page).contains(line) {
+        if !in_git.get(page).is_some_and(|lines| lines.contains(line)) {
             lost.push(format!("{page}: {line}"));
         }
     }
