@@ -13,6 +13,7 @@ mod nohome;
 mod progress;
 mod pump;
 mod remote;
+mod serve_args;
 mod source;
 mod web;
 mod workspaces;
@@ -217,7 +218,18 @@ enum DaemonCommand {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // What MCP clients run, read without building clap's command tree (serve_args.rs).
+    let args = match serve_args::parse(argv.get(1..).unwrap_or_default()) {
+        Some(serve) => Args {
+            home: serve.home,
+            command: Command::Mcp(McpCommand::Serve {
+                workspace: serve.workspace,
+                init_if_missing: serve.init_if_missing,
+            }),
+        },
+        None => Args::parse_from(argv),
+    };
     match run(args) {
         Ok(code) => code,
         Err(error) => {
