@@ -360,6 +360,55 @@ fn a_search_during_the_cold_build_waits_for_the_index() {
     );
 }
 
+/// A search that waits for the index never holds up the daemon (issue 15, part 3):
+/// with more searches waiting for the cold build than the daemon has async workers
+/// (two), another session's `guide` and `read` still answer at once. Tool bodies hand
+/// their worker's tasks off (`block_in_place`); a build that ran the quick tools inline
+/// on the worker (BENCHMARKS.md, second session of 2026-12-04) failed this: those calls
+/// waited for the build (held back 8 s).
+#[test]
+fn searches_waiting_for_the_build_do_not_hold_up_other_calls() {
+    let (mut env, quokkas) = home_to_build(1_200);
+    env.faults = Some("delay:search-index-commit:8000".into());
+    let mut other = Session::open(&env);
+    let status = other.index_status();
+    assert_eq!(status["ready"], false, "{status}");
+    // A read waits for the workspace's catch-up (in a section of its own), so the
+    // searches below go straight to their wait for the index.
+    other.call("read", json!({"path": &quokkas[0]}));
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            let mut session = Session::open(&env);
+            std::thread::spawn(move || {
+                let result = session.call("search", json!({"query": "quokka", "limit": 1000}));
+                result["structuredContent"]["hits"]
+                    .as_array()
+                    .map_or(0, Vec::len)
+            })
+        })
+        .collect();
+    // Let the searches reach their wait.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let started = Instant::now();
+        other.call("guide", json!({}));
+        other.call("read", json!({"path": &quokkas[0]}));
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(1_000),
+            "guide and read took {took:?} while searches waited for the index"
+        );
+    }
+    assert_eq!(
+        other.index_status()["ready"],
+        false,
+        "the build ended too soon"
+    );
+    for search in waiting {
+        assert_eq!(search.join().expect("search thread"), quokkas.len());
+    }
+}
+
 /// A search that waits longer than it may (here 0.3 s, while the build's commit is held
 /// back 4 s) answers from what the index holds and says the results are incomplete;
 /// once the index is built, in full.
