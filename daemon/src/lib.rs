@@ -10,6 +10,7 @@
 //! view) is a transport too: `transport/http.rs` hands it its paths.
 
 pub mod auth;
+pub mod blocking;
 pub mod commit;
 pub mod config;
 pub mod context;

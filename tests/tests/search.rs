@@ -362,10 +362,10 @@ fn a_search_during_the_cold_build_waits_for_the_index() {
 
 /// A search that waits for the index never holds up the daemon (issue 15, part 3):
 /// with more searches waiting for the cold build than the daemon has async workers
-/// (two), another session's `guide` and `read` still answer at once. Tool bodies hand
-/// their worker's tasks off (`block_in_place`); a build that ran the quick tools inline
-/// on the worker (BENCHMARKS.md, second session of 2026-12-04) failed this: those calls
-/// waited for the build (held back 8 s).
+/// (two), another session's `guide` and `read` still answer at once. Quick tools run
+/// inline on the worker and hand its tasks off where they wait (`blocking::section`):
+/// without that, or when a section after a short one (whose core tokio gave back) did
+/// not hand off again, these calls waited for the whole build (held back 8 s).
 #[test]
 fn searches_waiting_for_the_build_do_not_hold_up_other_calls() {
     let (mut env, quokkas) = home_to_build(1_200);

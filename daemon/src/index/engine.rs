@@ -625,13 +625,15 @@ pub fn status(store: &Store) -> serde_json::Value {
     // number back), and only entries the snapshot holds are deleted: what follows the
     // snapshot is the last sequence less its own. Counting the rows cost a scan of the
     // queue for every `guide` during a cold index (100k rows at 100k pages).
-    let queued: Option<i64> = store.pool.get().ok().and_then(|connection| {
-        connection
-            .prepare_cached("SELECT coalesce(max(seq), 0) FROM search_outbox")
-            .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)))
-            .ok()
-            .map(|last| (last - seq).max(0))
-    });
+    let queued: Option<i64> = crate::blocking::checkout(&store.pool)
+        .ok()
+        .and_then(|connection| {
+            connection
+                .prepare_cached("SELECT coalesce(max(seq), 0) FROM search_outbox")
+                .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)))
+                .ok()
+                .map(|last| (last - seq).max(0))
+        });
     serde_json::json!({"ready": engine.ready.load(Ordering::Acquire), "queued": queued})
 }
 
@@ -1347,7 +1349,7 @@ impl Engine {
                 registered = true;
                 self.waiting.fetch_add(1, Ordering::AcqRel);
             }
-            seen = self.wait_for_publish(seen, deadline);
+            seen = crate::blocking::section(|| self.wait_for_publish(seen, deadline));
         };
         if registered {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -1639,12 +1641,33 @@ impl Engine {
         pending: &HashSet<i64, BuildFx>,
         common: &Arc<Common>,
     ) -> Result<Arc<Overlay>> {
-        let mut cached = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = match self.overlay.try_lock() {
+            Ok(cached) => cached,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            // Another search is building it.
+            Err(std::sync::TryLockError::WouldBlock) => {
+                crate::blocking::section(|| self.overlay.lock().unwrap_or_else(|p| p.into_inner()))
+            }
+        };
         if let Some(overlay) = cached.as_ref()
             && overlay.key == key
         {
             return Ok(Arc::clone(overlay));
         }
+        // Up to `OVERLAY_MAX_FILES` files indexed in memory.
+        crate::blocking::section(|| {
+            self.build_overlay(connection, key, pending, common, &mut cached)
+        })
+    }
+
+    fn build_overlay(
+        &self,
+        connection: &Connection,
+        key: (i64, i64, usize),
+        pending: &HashSet<i64, BuildFx>,
+        common: &Arc<Common>,
+        cached: &mut Option<Arc<Overlay>>,
+    ) -> Result<Arc<Overlay>> {
         let (schema, _) = schema();
         let common = Arc::new(RwLock::new(Arc::clone(common)));
         let mut writer = Index::builder()

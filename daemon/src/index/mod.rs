@@ -217,15 +217,18 @@ pub fn ensure_fresh(
     {
         return Ok(record.clone());
     }
-    let connection = store.pool.get()?;
+    let connection = crate::blocking::checkout(&store.pool)?;
     if let Some(record) = lookup(&connection, workspace, path)?
         && (record.size, record.mtime_ns) == stat_key(&metadata)
     {
         return Ok(record);
     }
-    let state = store.state(workspace);
-    let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
-    index_file(&connection, workspace, path, absolute)
+    // Changed on disk (or new): extracting and indexing it may take a while.
+    crate::blocking::section(|| {
+        let state = store.state(workspace);
+        let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+        index_file(&connection, workspace, path, absolute)
+    })
 }
 
 /// Result of a catch-up scan.
@@ -242,7 +245,7 @@ pub fn ensure_caught_up(store: &Store, workspace: &str) -> ToolResult<()> {
     if state.caught_up.load(std::sync::atomic::Ordering::Acquire) {
         return Ok(());
     }
-    catch_up(store, workspace)?;
+    crate::blocking::section(|| catch_up(store, workspace))?;
     Ok(())
 }
 

@@ -54,7 +54,9 @@ pub fn search_ranked(
 ) -> ToolResult<Found> {
     let expr = super::query::parse(query.query)?;
     let deadline = std::time::Instant::now() + super::engine::SEARCH_WAIT;
-    let Some(engine) = super::engine::wait_for(store, deadline) else {
+    let engine = super::engine::get(store)
+        .or_else(|| crate::blocking::section(|| super::engine::wait_for(store, deadline)));
+    let Some(engine) = engine else {
         return Err(ToolError::internal(
             "search",
             "the search index could not be opened (see the daemon's log)",

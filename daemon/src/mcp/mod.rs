@@ -249,13 +249,24 @@ fn resource_error(error: ToolError) -> McpError {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
 ) -> Result<T, McpError> {
-    run_blocking("the resource request crashed", work)
+    run_blocking("the resource request crashed", false, work)
         .await
         .map_err(resource_error)
 }
 
+/// Tools whose bodies run inline on the worker that took the request
+/// (`crate::blocking`): a stat, an SQLite look-up and a small read, with every place
+/// that can wait handed off in a `blocking::section`.
+const QUICK_TOOLS: [&str; 3] = ["read", "search", "guide"];
+
 /// Run a tool's or a resource's body, which blocks (SQLite, files, git), without holding
 /// up the async tasks, and turn a panic in it into an error (`crashed`).
+///
+/// `quick` (a tool of `QUICK_TOOLS`): on the multi-thread runtime the body runs right
+/// here, on the worker (`blocking::run_inline`), and hands the worker's other tasks off
+/// only where it may wait: `block_in_place` around every call cost about a sixth of a
+/// read of one page (server time over the ping at 10k pages, median of three runs each,
+/// 145.8 -> 122.2 µs over the shim).
 ///
 /// On the daemon's multi-thread runtime the body runs on the thread that took the
 /// request (`block_in_place`: the runtime hands that thread's other tasks to another
@@ -265,14 +276,18 @@ async fn blocking<T: Send + 'static>(
 /// current-thread runtime, where that is not allowed) it goes to the blocking pool.
 async fn run_blocking<T: Send + 'static>(
     crashed: &'static str,
+    quick: bool,
     work: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
 ) -> Result<T, ToolError> {
     use tokio::runtime::{Handle, RuntimeFlavor};
     if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
-        return tokio::task::block_in_place(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-        })
-        .unwrap_or_else(|panic| {
+        let guarded = || std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        let outcome = if quick {
+            crate::blocking::run_inline(guarded)
+        } else {
+            tokio::task::block_in_place(guarded)
+        };
+        return outcome.unwrap_or_else(|panic| {
             let message = panic
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_string())
@@ -575,7 +590,8 @@ impl ServerHandler for AlexandriaServer {
         }
         // Tool bodies block (SQLite, files, git) and a panic in one must not take the
         // daemon down.
-        let outcome = run_blocking("the tool crashed", move || {
+        let quick = QUICK_TOOLS.contains(&name.as_str());
+        let outcome = run_blocking("the tool crashed", quick, move || {
             dispatch(&store, &binding, &caller, &tool, arguments)
         })
         .await;

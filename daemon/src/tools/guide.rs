@@ -33,7 +33,7 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
             params.workspace.as_deref(),
         )?),
     };
-    let connection = store.pool.get()?;
+    let connection = crate::blocking::checkout(&store.pool)?;
     let mut text = String::from(GUIDE_INTRO);
     text.push_str("\n\n");
     match describe_one {

@@ -202,7 +202,7 @@ fn read_file(
                 Some(spec) => parse_pages(spec, count)?,
                 None => (1..=count).collect(),
             };
-            let connection = store.pool.get()?;
+            let connection = crate::blocking::checkout(&store.pool)?;
             let mut content = String::new();
             let mut returned = Vec::new();
             let mut truncated = false;
@@ -254,8 +254,8 @@ fn read_file(
                         "ask the user for a smaller version",
                     ));
                 }
-                let bytes =
-                    std::fs::read(absolute).map_err(|e| ToolError::internal("reading image", e))?;
+                let bytes = crate::blocking::section(|| std::fs::read(absolute))
+                    .map_err(|e| ToolError::internal("reading image", e))?;
                 images.push((
                     base64::engine::general_purpose::STANDARD.encode(&bytes),
                     mime.to_string(),
@@ -317,12 +317,30 @@ fn short_rev(rev: &str) -> &str {
 }
 
 /// Read a text file, at most about `max_chars` characters of it when given.
+/// Whether a glob's folders are all literal (only its last segment has wildcards).
+fn one_folder(glob: &str) -> bool {
+    glob.rsplit_once('/')
+        .is_none_or(|(folders, _)| !folders.contains(['*', '?', '[', '{']))
+}
+
+/// Files from this size on are read in a `blocking::section`.
+const LARGE_READ: u64 = 1 << 20;
+
 fn read_text(path: &Path, max_chars: Option<usize>) -> ToolResult<String> {
     let file = std::fs::File::open(path).map_err(|e| ToolError::internal("opening file", e))?;
+    let limit = max_chars.map(|max| (max as u64 + 1) * 4);
+    let size = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+    if size.min(limit.unwrap_or(u64::MAX)) >= LARGE_READ {
+        return crate::blocking::section(|| read_from(file, limit));
+    }
+    read_from(file, limit)
+}
+
+fn read_from(file: std::fs::File, limit: Option<u64>) -> ToolResult<String> {
     let mut bytes = Vec::new();
-    match max_chars {
+    match limit {
         // 4 bytes per character at most, plus one more character to detect the cut.
-        Some(max) => file.take((max as u64 + 1) * 4).read_to_end(&mut bytes),
+        Some(limit) => file.take(limit).read_to_end(&mut bytes),
         None => {
             let mut file = file;
             file.read_to_end(&mut bytes)
@@ -345,15 +363,23 @@ fn read_batch(
         ));
     }
     let scope = scope(&params.path)?;
-    let connection = store.pool.get()?;
-    let files = index::list(
-        &connection,
-        slug,
-        Some(scope.layer),
-        Some(&scope.matcher),
-        Some(&scope.sql),
-    )?;
-    drop(connection);
+    let list = || {
+        let connection = crate::blocking::checkout(&store.pool)?;
+        index::list(
+            &connection,
+            slug,
+            Some(scope.layer),
+            Some(&scope.matcher),
+            Some(&scope.sql),
+        )
+    };
+    // A glob within one folder (wiki/topics/*.md: what agents mostly send) lists that
+    // folder; one that spans folders may walk every file of the workspace.
+    let files = if one_folder(&params.path) {
+        list()?
+    } else {
+        crate::blocking::section(list)?
+    };
     if files.is_empty() {
         return Err(ToolError::new(
             ErrorCode::NotFound,

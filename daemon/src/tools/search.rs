@@ -76,7 +76,7 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
         (LayerArg::All, None) => None,
     };
     let offset = parse_cursor(params.cursor.as_deref())?;
-    let connection = store.pool.get()?;
+    let connection = crate::blocking::checkout(&store.pool)?;
     match mode {
         SearchMode::Search => {
             let Some(query) = query else {
@@ -151,13 +151,16 @@ pub fn search(store: &Store, binding: &Binding, params: SearchParams) -> ToolRes
         }
         SearchMode::List => {
             let limit = limit_in_range(params.limit, 200, LIMIT_MAX)?;
-            let files = index::list(
-                &connection,
-                &slug,
-                layer,
-                scope.as_ref().map(|s| &s.matcher),
-                scope.as_ref().map(|s| s.sql.as_str()),
-            )?;
+            // A listing may walk every file of the workspace.
+            let files = crate::blocking::section(|| {
+                index::list(
+                    &connection,
+                    &slug,
+                    layer,
+                    scope.as_ref().map(|s| &s.matcher),
+                    scope.as_ref().map(|s| s.sql.as_str()),
+                )
+            })?;
             let total = files.len();
             let page: Vec<_> = files.into_iter().skip(offset).take(limit).collect();
             let next_cursor =

@@ -70,7 +70,15 @@ impl WorkspaceState {
         root: &Path,
         f: impl FnOnce(&git2::Repository) -> Result<T, E>,
     ) -> Result<T, E> {
-        let mut slot = self.repo.lock().unwrap_or_else(|p| p.into_inner());
+        // A write group holds the repository for its whole commit: inside a quick
+        // call, wait for it with the worker's tasks handed off.
+        let mut slot = match self.repo.try_lock() {
+            Ok(slot) => slot,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                crate::blocking::section(|| self.repo.lock().unwrap_or_else(|p| p.into_inner()))
+            }
+        };
         if slot.is_none() {
             *slot = Some(git2::Repository::open(root)?);
         }
