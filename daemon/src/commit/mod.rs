@@ -1,7 +1,8 @@
 //! The write path (SPEC §5): stage → lock → check → commit → index, crash-safe.
 //!
 //! 1. Stage (no lock): validate the path and the citations of the new text, write the
-//!    payload and a manifest under `runs/<run_id>/`.
+//!    payload under `runs/<run_id>/staged/` (no manifest: a run that never reached
+//!    `prepared` is dropped by recovery, so a file made and removed per write is saved).
 //! 2. Lock: the workspace's in-process lock, then an `fcntl` lock on `<ws>/.lock` (so
 //!    other processes are excluded too), waiting up to the configured timeout; past it,
 //!    `workspace_busy` with the holder's run id (written into the lock file).
@@ -133,6 +134,8 @@ pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// The manifest of each state goes to its own file (`run.json`, then `prepared.json`):
 /// replacing a file by rename makes ext4 flush it first (auto_da_alloc), a few ms.
+/// Writes and deletes save only `prepared.json` (recovery drops a run without one);
+/// `run.json` is still read, from runs an earlier daemon left.
 pub(crate) fn manifest_file(dir: &Path, state: RunState) -> PathBuf {
     match state {
         RunState::Staged => dir.join("run.json"),

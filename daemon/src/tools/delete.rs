@@ -65,7 +65,7 @@ pub fn delete(
     };
     fs::create_dir_all(&dir).map_err(|e| io_error("staging the delete", e))?;
     let cleanup = RunDirCleanup(dir.clone());
-    save_manifest(&dir, &manifest)?;
+    // The manifest is written once prepared: recovery drops a run before that anyway.
     let prepared_path = path.clone();
     let prepare = move |_: &Store| -> ToolResult<(Manifest, ())> {
         let Some(current) = read_current(&absolute)? else {
