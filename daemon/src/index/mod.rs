@@ -201,7 +201,20 @@ pub fn ensure_fresh(
     absolute: &Path,
     known: Option<&FileRecord>,
 ) -> ToolResult<FileRecord> {
-    let metadata = match std::fs::metadata(absolute) {
+    ensure_fresh_with(store, workspace, path, absolute, known, None)
+}
+
+/// `ensure_fresh` with the file's stat data when the caller has it already (`stat`:
+/// what `Store::checked_path_with_stat` read of the file itself, no link in between).
+pub fn ensure_fresh_with(
+    store: &Store,
+    workspace: &str,
+    path: &str,
+    absolute: &Path,
+    known: Option<&FileRecord>,
+    stat: Option<std::fs::Metadata>,
+) -> ToolResult<FileRecord> {
+    let metadata = match stat.map_or_else(|| std::fs::metadata(absolute), Ok) {
         Ok(m) if m.is_file() => m,
         Ok(_) => {
             return Err(ToolError::invalid_argument(

@@ -107,8 +107,8 @@ pub fn read(store: &Store, binding: &Binding, params: ReadParams) -> ToolResult<
     if paths::is_glob(&params.path) {
         return read_batch(store, &slug, &params, max_chars);
     }
-    let (checked, absolute) = store.checked_path(&slug, &params.path)?;
-    let record = index::ensure_fresh(store, &slug, &checked.path, &absolute, None)?;
+    let (checked, absolute, stat) = store.checked_path_with_stat(&slug, &params.path)?;
+    let record = index::ensure_fresh_with(store, &slug, &checked.path, &absolute, None, stat)?;
     read_file(
         store, &slug, &checked, &absolute, record, &params, max_chars,
     )
@@ -155,7 +155,11 @@ fn read_file(
     let mut images = Vec::new();
     let (text, truncated) = match kind {
         Kind::Markdown | Kind::Text => {
-            let mut content = read_text(absolute, params.sections.is_none().then_some(max_chars))?;
+            let mut content = read_text(
+                absolute,
+                record.size as u64,
+                params.sections.is_none().then_some(max_chars),
+            )?;
             if let Some(wanted) = &params.sections {
                 let mut parts = Vec::new();
                 let mut missing = Vec::new();
@@ -326,10 +330,10 @@ fn one_folder(glob: &str) -> bool {
 /// Files from this size on are read in a `blocking::section`.
 const LARGE_READ: u64 = 1 << 20;
 
-fn read_text(path: &Path, max_chars: Option<usize>) -> ToolResult<String> {
+/// The text of `path`, `size` bytes by its catalogue row (just checked against the disk).
+fn read_text(path: &Path, size: u64, max_chars: Option<usize>) -> ToolResult<String> {
     let file = std::fs::File::open(path).map_err(|e| ToolError::internal("opening file", e))?;
     let limit = max_chars.map(|max| (max as u64 + 1) * 4);
-    let size = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
     if size.min(limit.unwrap_or(u64::MAX)) >= LARGE_READ {
         return crate::blocking::section(|| read_from(file, limit));
     }
@@ -408,14 +412,21 @@ fn read_batch(
         };
         // The listing's row saves a look-up per file; the file is still checked on
         // disk (a changed one is re-indexed first), as a single read does.
-        let outcome = store
-            .checked_path(slug, &file.path)
-            .and_then(|(checked, absolute)| {
-                let record =
-                    index::ensure_fresh(store, slug, &checked.path, &absolute, Some(file))?;
-                let budget = (max_chars - used).max(100);
-                read_file(store, slug, &checked, &absolute, record, &single, budget)
-            });
+        let outcome =
+            store
+                .checked_path_with_stat(slug, &file.path)
+                .and_then(|(checked, absolute, stat)| {
+                    let record = index::ensure_fresh_with(
+                        store,
+                        slug,
+                        &checked.path,
+                        &absolute,
+                        Some(file),
+                        stat,
+                    )?;
+                    let budget = (max_chars - used).max(100);
+                    read_file(store, slug, &checked, &absolute, record, &single, budget)
+                });
         match outcome {
             Ok(mut output) => {
                 let structured = &mut output.structured;
