@@ -329,15 +329,22 @@ fn home_to_build(pages: usize) -> (Env, Vec<String>) {
     (env, quokkas)
 }
 
+/// A home whose next daemon builds the index from scratch with its commit held back
+/// `held_ms`, and a session checked to see it not ready yet.
+fn building_for(held_ms: u64) -> (Env, Vec<String>, Session) {
+    let (mut env, quokkas) = home_to_build(1_200);
+    env.faults = Some(format!("delay:search-index-commit:{held_ms}"));
+    let mut session = Session::open(&env);
+    let status = session.index_status();
+    assert_eq!(status["ready"], false, "{status}");
+    (env, quokkas, session)
+}
+
 /// A search that comes while the index is being built waits for it and answers in
 /// full (the build's commit is held back 1.5 s).
 #[test]
 fn a_search_during_the_cold_build_waits_for_the_index() {
-    let (mut env, quokkas) = home_to_build(1_200);
-    env.faults = Some("delay:search-index-commit:1500".into());
-    let mut session = Session::open(&env);
-    let status = session.index_status();
-    assert_eq!(status["ready"], false, "{status}");
+    let (_env, quokkas, mut session) = building_for(1_500);
     let started = Instant::now();
     let result = session.call("search", json!({"query": "quokka", "limit": 1000}));
     let waited = started.elapsed();
@@ -368,11 +375,7 @@ fn a_search_during_the_cold_build_waits_for_the_index() {
 /// not hand off again, these calls waited for the whole build (held back 8 s).
 #[test]
 fn searches_waiting_for_the_build_do_not_hold_up_other_calls() {
-    let (mut env, quokkas) = home_to_build(1_200);
-    env.faults = Some("delay:search-index-commit:8000".into());
-    let mut other = Session::open(&env);
-    let status = other.index_status();
-    assert_eq!(status["ready"], false, "{status}");
+    let (env, quokkas, mut other) = building_for(8_000);
     // A read waits for the workspace's catch-up (in a section of its own), so the
     // searches below go straight to their wait for the index.
     other.call("read", json!({"path": &quokkas[0]}));
