@@ -1,17 +1,19 @@
 //! The write path (SPEC §5): stage → lock → check → commit → index, crash-safe.
 //!
-//! 1. Stage (no lock): validate the path and the citations of the new text, write the
-//!    payload under `runs/<run_id>/staged/` (no manifest: a run that never reached
-//!    `prepared` is dropped by recovery, so a file made and removed per write is saved).
+//! 1. Stage (no lock): validate the path and the citations of the new text; nothing
+//!    goes to disk yet (a run that never reached `prepared` is dropped by recovery, so
+//!    the files a write makes and removes are as few as they can be: each new inode on
+//!    ext4 without a journal scans past those freed in the last minute).
 //! 2. Lock: the workspace's in-process lock, then an `fcntl` lock on `<ws>/.lock` (so
 //!    other processes are excluded too), waiting up to the configured timeout; past it,
 //!    `workspace_busy` with the holder's run id (written into the lock file).
 //! 3. Check and compute against the current page: `base_rev` → `stale_plan`,
 //!    `str_replace` uniqueness, `create` on an existing page.
-//! 4. Commit: the final text goes to `runs/<id>/final` and the manifest becomes
-//!    `prepared` (fsynced); the file is renamed into `wiki/`; one git commit; one SQLite
-//!    transaction (runs, wiki_log_entries, events, index); the run directory is removed;
-//!    the lock is released; only then is the write acknowledged.
+//! 4. Commit: the manifest, with the final text (and what an `append` or
+//!    `str_replace` added) in it, goes to `runs/<id>/prepared.json`; the text is
+//!    swapped into `wiki/`; one git commit; one SQLite transaction (runs,
+//!    wiki_log_entries, events, index); the run directory is removed; the lock is
+//!    released; only then is the write acknowledged.
 //!
 //! Recovery (`recover`, at start before serving): a run still `staged` was never
 //! acknowledged and is dropped; a `prepared` run is completed step by step, each step
@@ -85,6 +87,16 @@ pub struct Manifest {
     /// of another version.
     #[serde(default)]
     pub pinned_base: bool,
+    /// The page's text after a write, put in place by the commit (and by recovery).
+    /// In the manifest's own file, so a write makes and removes one file fewer (a
+    /// daemon before 2026-12-04 kept it in `final`, still read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// What an `append` or `str_replace` added, to apply it again on top of an outside
+    /// save found when the page is swapped in (a daemon before 2026-12-04 kept it in
+    /// `staged/payload`, still read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -144,8 +156,7 @@ pub(crate) fn manifest_file(dir: &Path, state: RunState) -> PathBuf {
 }
 
 pub(crate) fn save_manifest(dir: &Path, manifest: &Manifest) -> ToolResult<()> {
-    let bytes =
-        serde_json::to_vec_pretty(manifest).map_err(|e| ToolError::internal("manifest", e))?;
+    let bytes = serde_json::to_vec(manifest).map_err(|e| ToolError::internal("manifest", e))?;
     write_durably(&manifest_file(dir, manifest.state), &bytes)
         .map_err(|e| io_error("writing the run manifest", e))
 }
@@ -722,8 +733,11 @@ impl Page<'_, '_> {
         let mut late = None;
         let (bytes, stat) = match (&manifest.new_rev, &manifest.trash_path) {
             (Some(_), _) => {
-                let final_text = fs::read(dir.join("final"))
-                    .map_err(|e| io_error("reading the prepared page", e))?;
+                let final_text = match &manifest.text {
+                    Some(text) => text.clone().into_bytes(),
+                    None => fs::read(dir.join("final"))
+                        .map_err(|e| io_error("reading the prepared page", e))?,
+                };
                 let (bytes, stat, replaced) = self.put(final_text, dir)?;
                 late = replaced;
                 (Some(bytes), stat)
@@ -1115,10 +1129,13 @@ impl Page<'_, '_> {
             return None;
         }
         let current = String::from_utf8(current?.to_vec()).ok()?;
-        let payload = fs::read_to_string(dir.join("staged").join("payload")).ok()?;
         if !matches!(self.manifest.op.as_str(), "append" | "str_replace") {
             return None;
         }
+        let payload = match &self.manifest.payload {
+            Some(payload) => payload.clone(),
+            None => fs::read_to_string(dir.join("staged").join("payload")).ok()?,
+        };
         apply_command(
             &self.manifest.op,
             &self.manifest.path,

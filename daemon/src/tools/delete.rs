@@ -62,6 +62,8 @@ pub fn delete(
         summary: format!("delete {path} (kept in {trash_path})"),
         old_str: None,
         pinned_base: false,
+        text: None,
+        payload: None,
     };
     fs::create_dir_all(&dir).map_err(|e| io_error("staging the delete", e))?;
     let cleanup = RunDirCleanup(dir.clone());

@@ -14,7 +14,7 @@ use super::{ToolOutput, resolve_workspace};
 pub use crate::commit::MAX_PAGE_BYTES;
 use crate::commit::{
     Manifest, RunDirCleanup, RunState, apply_command, io_error, new_run_id, read_current, run_dir,
-    save_manifest, submit, write_durably,
+    save_manifest, submit,
 };
 use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
@@ -237,14 +237,13 @@ pub fn write(
         summary: String::new(),
         old_str: params.old_str.clone(),
         pinned_base: false,
+        text: None,
+        payload: None,
     };
-    fs::create_dir_all(dir.join("staged")).map_err(|e| io_error("staging the write", e))?;
     let cleanup = RunDirCleanup(dir.clone());
-    write_durably(&dir.join("staged").join("payload"), payload.as_bytes())
-        .map_err(|e| io_error("staging the write", e))?;
-    // No manifest yet: recovery drops a run that never reached `prepared`, with a
-    // manifest or without (one file fewer made and removed per write: each new inode
-    // on ext4 without a journal scans past the ones freed in the last seconds).
+    // Nothing on disk yet: recovery drops a run that never reached `prepared`, and
+    // each file made and removed per write costs (a new inode on ext4 without a
+    // journal scans past the ones freed in the last minute).
     crash_point("after_stage");
 
     // Lock, check, commit: with the workspace lock held, in a group with whatever
@@ -310,8 +309,10 @@ pub fn write(
             ));
         }
         let new_rev = revision(new_text.as_bytes());
-        write_durably(&dir.join("final"), new_text.as_bytes())
-            .map_err(|e| io_error("preparing the write", e))?;
+        manifest.text = Some(new_text.clone());
+        if command != WriteCommand::Create {
+            manifest.payload = Some(payload);
+        }
         manifest.state = RunState::Prepared;
         manifest.old_rev = current_rev;
         manifest.new_rev = Some(new_rev);
