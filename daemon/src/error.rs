@@ -33,6 +33,24 @@ pub struct ToolError {
 pub type ToolResult<T> = Result<T, ToolError>;
 
 impl ToolError {
+    /// A failed file operation: a full disk or a read-only file system say so, with
+    /// what to do; anything else is `internal`.
+    pub fn io(context: &str, error: std::io::Error) -> ToolError {
+        match error.raw_os_error() {
+            Some(28) => ToolError::new(
+                ErrorCode::TooLarge,
+                format!("{context}: the disk is full"),
+                "free disk space, then retry; nothing was changed",
+            ),
+            Some(30) => ToolError::new(
+                ErrorCode::Internal,
+                format!("{context}: the file system is read-only"),
+                "make the alexandria home writable, then retry; nothing was changed",
+            ),
+            _ => ToolError::internal(context, error),
+        }
+    }
+
     pub fn new(code: ErrorCode, message: impl Into<String>, hint: impl Into<String>) -> ToolError {
         ToolError {
             code,

@@ -170,19 +170,7 @@ pub(crate) fn load_manifest(dir: &Path) -> Option<Manifest> {
 }
 
 pub(crate) fn io_error(context: &str, error: std::io::Error) -> ToolError {
-    match error.raw_os_error() {
-        Some(28) => ToolError::new(
-            ErrorCode::TooLarge,
-            format!("{context}: the disk is full"),
-            "free disk space, then retry; nothing was changed",
-        ),
-        Some(30) => ToolError::new(
-            ErrorCode::Internal,
-            format!("{context}: the file system is read-only"),
-            "make the alexandria home writable, then retry; nothing was changed",
-        ),
-        _ => ToolError::internal(context, error),
-    }
+    ToolError::io(context, error)
 }
 
 pub(crate) fn read_current(absolute: &Path) -> ToolResult<Option<Vec<u8>>> {

@@ -82,7 +82,7 @@ impl WorkspaceLock {
             .truncate(false)
             .mode(0o644)
             .open(lock_path)
-            .map_err(|e| ToolError::internal("opening the workspace lock", e))?;
+            .map_err(|e| ToolError::io("opening the workspace lock", e))?;
         let mut pause = Duration::from_micros(200);
         loop {
             match rustix::fs::fcntl_lock(
