@@ -639,6 +639,84 @@ async fn crash_at_every_fault_point_keeps_state_consistent() -> anyhow::Result<(
     Ok(())
 }
 
+/// A prepared run an older daemon left keeps the page's text in `final` and what an
+/// `append` added in `staged/payload` (today both are in `prepared.json`): the next
+/// daemon completes it from there, and applies the append again on top of a save an
+/// editor made to the page meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_run_in_the_older_layout_is_completed() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/old.md", "content": "# Old\n\nfirst line\n"}),
+    )
+    .await?;
+    assert!(error_code(&created).is_none(), "{created}");
+    client.cancel().await?;
+    env.ok(&["daemon", "stop"]);
+    let crashing = Env {
+        dir: alexandria_tests::short_tempdir(),
+        home: env.home.clone(),
+        faults: Some("crash:after_prepare".into()),
+        vars: Vec::new(),
+    };
+    let client = crashing.client(Some("lab")).await?;
+    let result = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": "wiki/old.md", "content": "agent line quillwort"}),
+    )
+    .await;
+    assert!(result.is_err(), "acknowledged: {result:?}");
+    drop(client);
+    assert!(wait_until(Duration::from_secs(10), || {
+        crashing
+            .daemon_pid()
+            .is_none_or(|p| !alexandria_tests::process_alive(p))
+    }));
+    // Rewrite the run as an older daemon laid it out.
+    let run = std::fs::read_dir(root.join("runs"))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("prepared.json").exists())
+        .expect("a prepared run");
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(run.join("prepared.json"))?)?;
+    let text = manifest["text"].as_str().expect("text").to_string();
+    let payload = manifest["payload"].as_str().expect("payload").to_string();
+    assert!(text.ends_with("agent line quillwort\n"), "{text}");
+    let fields = manifest.as_object_mut().expect("object");
+    fields.remove("text");
+    fields.remove("payload");
+    std::fs::write(
+        run.join("prepared.json"),
+        serde_json::to_vec_pretty(&manifest)?,
+    )?;
+    std::fs::write(run.join("final"), &text)?;
+    std::fs::create_dir_all(run.join("staged"))?;
+    std::fs::write(run.join("staged").join("payload"), &payload)?;
+    // An editor saves the page before the next start.
+    let page = root.join("wiki/old.md");
+    std::fs::write(&page, "# Old\n\nfirst line\neditor line marram\n")?;
+
+    let client = env.client(Some("lab")).await?;
+    let on_disk = std::fs::read_to_string(&page)?;
+    assert!(on_disk.contains("editor line marram"), "{on_disk}");
+    assert!(on_disk.contains("agent line quillwort"), "{on_disk}");
+    assert_eq!(git(&root, &["show", "HEAD:wiki/old.md"]), on_disk);
+    assert!(git_status_settles(&root), "dirty tree");
+    assert_eq!(
+        std::fs::read_dir(root.join("runs"))?.count(),
+        0,
+        "runs left"
+    );
+    client.cancel().await?;
+    drop(crashing);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_kills_never_lose_an_acknowledged_write() -> anyhow::Result<()> {
     let rounds: usize = std::env::var("ALEXANDRIA_KILL_ROUNDS")

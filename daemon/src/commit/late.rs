@@ -346,6 +346,14 @@ fn commit_late(
     bytes: &[u8],
     until: Instant,
 ) -> ToolResult<LateDone> {
+    // A late save is committed as found, never with the run's write applied again on
+    // top (its text and payload stay out of the kept manifest, as when they were files
+    // of the run's directory only).
+    let manifest = &Manifest {
+        text: None,
+        payload: None,
+        ..manifest.clone()
+    };
     let workspace = &manifest.workspace;
     let state = store.state(workspace);
     let holder = format!("{}-late", manifest.run_id);
