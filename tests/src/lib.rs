@@ -105,6 +105,17 @@ impl Env {
         env
     }
 
+    /// Another environment on this home (its own working directory) whose CLI and
+    /// shim, and so the daemon the shim starts, run with `faults`.
+    pub fn same_home_with_faults(&self, faults: &str) -> Env {
+        Env {
+            dir: short_tempdir(),
+            home: self.home.clone(),
+            faults: Some(faults.to_string()),
+            vars: Vec::new(),
+        }
+    }
+
     /// The `alexandria` CLI for this home.
     pub fn command(&self) -> Command {
         let mut command = alexandria(&self.home);

@@ -335,12 +335,7 @@ async fn a_crash_right_after_the_swap_keeps_the_editors_save() -> anyhow::Result
 
     // The next daemon waits 3 s between planning a write and swapping it in, and dies
     // right after the swap.
-    let crashing = Env {
-        dir: alexandria_tests::short_tempdir(),
-        home: env.home.clone(),
-        faults: Some("delay:swap:3000,crash:after_swap".into()),
-        vars: Vec::new(),
-    };
+    let crashing = env.same_home_with_faults("delay:swap:3000,crash:after_swap");
     let client = crashing.client(Some("lab")).await?;
     let write = tokio::spawn(async move {
         let result = call(
@@ -732,12 +727,7 @@ async fn a_write_failing_after_its_swap_puts_the_editors_save_back() -> anyhow::
     client.cancel().await?;
     env.ok(&["daemon", "stop"]);
 
-    let failing = Env {
-        dir: alexandria_tests::short_tempdir(),
-        home: env.home.clone(),
-        faults: Some("delay:swap:2000,fail:commit_outside".into()),
-        vars: Vec::new(),
-    };
+    let failing = env.same_home_with_faults("delay:swap:2000,fail:commit_outside");
     let client = failing.client(Some("lab")).await?;
     let write = tokio::spawn(async move {
         let result = call(

@@ -558,12 +558,7 @@ async fn outside_edits_are_picked_up_and_make_plans_stale() -> anyhow::Result<()
 async fn crash_at(point: &str) -> anyhow::Result<bool> {
     let env = lab_env(Env::new());
     // Same home; the shim (and so the daemon it starts) runs with the fault.
-    let crashing = Env {
-        dir: alexandria_tests::short_tempdir(),
-        home: env.home.clone(),
-        faults: Some(format!("crash:{point}")),
-        vars: Vec::new(),
-    };
+    let crashing = env.same_home_with_faults(&format!("crash:{point}"));
     env.ok(&["daemon", "stop"]);
     let client = crashing.client(Some("lab")).await?;
     let result = call(&client, "write", json!({"command": "create", "path": "wiki/crash.md", "content": "# Crash\n\nmarker zanzibarite\n"})).await;
@@ -657,12 +652,7 @@ async fn a_prepared_run_in_the_older_layout_is_completed() -> anyhow::Result<()>
     assert!(error_code(&created).is_none(), "{created}");
     client.cancel().await?;
     env.ok(&["daemon", "stop"]);
-    let crashing = Env {
-        dir: alexandria_tests::short_tempdir(),
-        home: env.home.clone(),
-        faults: Some("crash:after_prepare".into()),
-        vars: Vec::new(),
-    };
+    let crashing = env.same_home_with_faults("crash:after_prepare");
     let client = crashing.client(Some("lab")).await?;
     let result = call(
         &client,
