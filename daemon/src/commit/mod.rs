@@ -185,6 +185,40 @@ pub(crate) fn read_current(absolute: &Path) -> ToolResult<Option<Vec<u8>>> {
     }
 }
 
+/// Longest a write waits for a page missing while someone else's git command holds
+/// `.git/index.lock` (`read_settled`).
+const MISSING_WAIT: Duration = Duration::from_secs(2);
+
+/// The page as `read_current` reads it, except that a page found missing while someone
+/// else's git command holds `.git/index.lock` is read again until that lock is gone
+/// (at most `MISSING_WAIT`): `git stash` and `git reset --hard` rewrite each file they
+/// check out by removing it first, and an append in that instant answered `not_found`
+/// (seen under load in the hand-commit tests). alexandria's own lock (a group's open
+/// git session) holds a token starting `alexandria `, and is not waited for.
+pub(crate) fn read_settled(absolute: &Path, git_dir: &Path) -> ToolResult<Option<Vec<u8>>> {
+    let mut current = read_current(absolute)?;
+    if current.is_some() {
+        return Ok(current);
+    }
+    let lock = git_dir.join("index.lock");
+    let someone_elses = || {
+        let mut head = [0u8; 11];
+        File::open(&lock)
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+            .is_ok_and(|n| &head[..n] != b"alexandria ")
+    };
+    let deadline = std::time::Instant::now() + MISSING_WAIT;
+    while current.is_none() && someone_elses() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        current = read_current(absolute)?;
+    }
+    // The lock may have gone between the read and the look at it.
+    if current.is_none() {
+        current = read_current(absolute)?;
+    }
+    Ok(current)
+}
+
 /// The page text after `op` (`create`, `append`, `str_replace`) with `payload` (the
 /// content, or `new_str`) on `current` (None: no page).
 pub fn apply_command(
@@ -1477,4 +1511,53 @@ fn put_back_before(root: &Path, manifest: &Manifest, before: Option<&[u8]>) {
         tracing::error!(path = %manifest.path, run = %manifest.run_id, %error, "cannot put the page back as it was before the run");
     }
     let _ = fs::remove_file(&keep);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn a_page_missing_while_someone_elses_git_holds_the_index_lock_is_read_once_it_is_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let git_dir = dir.path().join(".git");
+        fs::create_dir_all(&git_dir).expect("git dir");
+        let page = dir.path().join("page.md");
+        // `git reset --hard` at work: its lock (an index being written), the page
+        // removed, written again, then the lock renamed away.
+        fs::write(git_dir.join("index.lock"), b"DIRC\0\0\0\x02").expect("lock");
+        let (page2, git_dir2) = (page.clone(), git_dir.clone());
+        let git = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            fs::write(&page2, b"back\n").expect("page");
+            fs::remove_file(git_dir2.join("index.lock")).expect("unlock");
+        });
+        let read = read_settled(&page, &git_dir).expect("read");
+        git.join().expect("git thread");
+        assert_eq!(read.as_deref(), Some(&b"back\n"[..]));
+    }
+
+    #[test]
+    fn a_missing_page_is_not_waited_for_under_alexandrias_own_lock_or_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let git_dir = dir.path().join(".git");
+        fs::create_dir_all(&git_dir).expect("git dir");
+        let page = dir.path().join("page.md");
+        let started = Instant::now();
+        assert_eq!(read_settled(&page, &git_dir).expect("read"), None);
+        fs::write(git_dir.join("index.lock"), b"alexandria 1 2 3").expect("lock");
+        assert_eq!(read_settled(&page, &git_dir).expect("read"), None);
+        assert!(
+            started.elapsed() < MISSING_WAIT / 2,
+            "{:?}",
+            started.elapsed()
+        );
+        // Someone else's lock that stays: given up after MISSING_WAIT.
+        fs::write(git_dir.join("index.lock"), b"").expect("lock");
+        let started = Instant::now();
+        assert_eq!(read_settled(&page, &git_dir).expect("read"), None);
+        assert!(started.elapsed() >= MISSING_WAIT, "{:?}", started.elapsed());
+    }
 }

@@ -1,7 +1,5 @@
 //! The `delete` tool: soft delete of a wiki page into `.trash/`.
 
-use std::fs;
-
 use alexandria_proto::{Binding, ErrorCode};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -10,8 +8,7 @@ use serde_json::json;
 use super::{Caller, wiki_target};
 use super::{ToolOutput, resolve_workspace};
 use crate::commit::{
-    Manifest, RunDirCleanup, RunState, io_error, new_run_id, read_current, run_dir, save_manifest,
-    submit,
+    Manifest, RunDirCleanup, RunState, new_run_id, read_settled, run_dir, save_manifest, submit,
 };
 use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
@@ -65,12 +62,12 @@ pub fn delete(
         text: None,
         payload: None,
     };
-    fs::create_dir_all(&dir).map_err(|e| io_error("staging the delete", e))?;
     let cleanup = RunDirCleanup(dir.clone());
+    let git_dir = store.workspace_dir(&workspace).join(".git");
     // The manifest is written once prepared: recovery drops a run before that anyway.
     let prepared_path = path.clone();
     let prepare = move |_: &Store| -> ToolResult<(Manifest, ())> {
-        let Some(current) = read_current(&absolute)? else {
+        let Some(current) = read_settled(&absolute, &git_dir)? else {
             return Err(ToolError::not_found(&prepared_path));
         };
         manifest.old_rev = Some(revision(&current));

@@ -13,8 +13,8 @@ use super::{Caller, wiki_target};
 use super::{ToolOutput, resolve_workspace};
 pub use crate::commit::MAX_PAGE_BYTES;
 use crate::commit::{
-    Manifest, RunDirCleanup, RunState, apply_command, io_error, new_run_id, read_current, run_dir,
-    save_manifest, submit,
+    Manifest, RunDirCleanup, RunState, apply_command, io_error, new_run_id, read_current,
+    read_settled, run_dir, save_manifest, submit,
 };
 use crate::db::now_ms;
 use crate::error::{ToolError, ToolResult};
@@ -258,11 +258,16 @@ pub fn write(
         .map(str::to_owned);
     let old_str = params.old_str.clone();
     let prepare_workspace = workspace.clone();
+    let git_dir = store.workspace_dir(&workspace).join(".git");
     let prepare = move |store: &Store| -> ToolResult<(Manifest, String)> {
         let path = prepared_path;
         let workspace = prepare_workspace;
         crash_point("after_lock");
-        let current = read_current(&target)?;
+        let current = if command == WriteCommand::Create {
+            read_current(&target)?
+        } else {
+            read_settled(&target, &git_dir)?
+        };
         let current_rev = current.as_deref().map(revision);
         if let Some(base) = base_rev.as_deref()
             && current_rev.as_deref() != Some(base)
