@@ -1519,12 +1519,18 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_page_missing_while_someone_elses_git_holds_the_index_lock_is_read_once_it_is_back() {
+    /// A folder with an empty `.git/` and where its page would be (not made).
+    fn workspace() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let dir = tempfile::tempdir().expect("tempdir");
         let git_dir = dir.path().join(".git");
         fs::create_dir_all(&git_dir).expect("git dir");
         let page = dir.path().join("page.md");
+        (dir, git_dir, page)
+    }
+
+    #[test]
+    fn a_page_missing_while_someone_elses_git_holds_the_index_lock_is_read_once_it_is_back() {
+        let (_dir, git_dir, page) = workspace();
         // `git reset --hard` at work: its lock (an index being written), the page
         // removed, written again, then the lock renamed away.
         fs::write(git_dir.join("index.lock"), b"DIRC\0\0\0\x02").expect("lock");
@@ -1541,10 +1547,7 @@ mod tests {
 
     #[test]
     fn a_missing_page_is_not_waited_for_under_alexandrias_own_lock_or_none() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let git_dir = dir.path().join(".git");
-        fs::create_dir_all(&git_dir).expect("git dir");
-        let page = dir.path().join("page.md");
+        let (_dir, git_dir, page) = workspace();
         let started = Instant::now();
         assert_eq!(read_settled(&page, &git_dir).expect("read"), None);
         fs::write(git_dir.join("index.lock"), b"alexandria 1 2 3").expect("lock");
