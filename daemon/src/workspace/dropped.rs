@@ -110,8 +110,10 @@ pub fn find(repo: &Repository, root: &Path) -> Result<Vec<Dropped>, git2::Error>
         return Ok(Vec::new());
     };
     let head_tree = head.tree()?;
-    let mut index = repo.index()?;
-    index.read(true)?;
+    // An index of its own, freed on return: `repo.index()` is the repository's, which
+    // libgit2 keeps for the repository's life, and the daemon keeps each workspace's
+    // repository open (at 100k pages that index held about 15 MB).
+    let index = git2::Index::open(&repo.path().join("index"))?;
     let mut decided: HashSet<String> = HashSet::new();
     let mut found = Vec::new();
     // The nearest commit above by someone else, with its time.
