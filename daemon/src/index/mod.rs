@@ -205,7 +205,7 @@ pub fn ensure_fresh(
 }
 
 /// `ensure_fresh` with the file's stat data when the caller has it already (`stat`:
-/// what `Store::checked_path_with_stat` read of the file itself, no link in between).
+/// what `Store::checked_path_for_read` read of the file itself, no link in between).
 pub fn ensure_fresh_with(
     store: &Store,
     workspace: &str,

@@ -9,7 +9,7 @@ use alexandria_proto::{Binding, ErrorCode};
 use base64::Engine as _;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use super::params::scope;
 use super::{ToolOutput, resolve_workspace};
@@ -107,20 +107,52 @@ pub fn read(store: &Store, binding: &Binding, params: ReadParams) -> ToolResult<
     if paths::is_glob(&params.path) {
         return read_batch(store, &slug, &params, max_chars);
     }
-    let (checked, absolute, stat) = store.checked_path_with_stat(&slug, &params.path)?;
-    let record = index::ensure_fresh_with(store, &slug, &checked.path, &absolute, None, stat)?;
+    let checked = store.checked_path_for_read(&slug, &params.path)?;
+    let (record, file) = fresh_record(checked.stat, checked.file, |stat| {
+        index::ensure_fresh_with(
+            store,
+            &slug,
+            &checked.path.path,
+            &checked.absolute,
+            None,
+            stat,
+        )
+    })?;
     read_file(
-        store, &slug, &checked, &absolute, record, &params, max_chars,
+        store,
+        &slug,
+        &checked.path,
+        &checked.absolute,
+        record,
+        file,
+        &params,
+        max_chars,
     )
 }
 
-/// Read one checked file whose catalogue row is current.
+/// The file's catalogue row, current with the disk (`fresh`: `index::ensure_fresh_with`
+/// given the stat), and the file the path check opened when the row describes that very
+/// file (else it was re-indexed from the path meanwhile, and is read by its path).
+fn fresh_record(
+    stat: Option<std::fs::Metadata>,
+    file: Option<std::fs::File>,
+    fresh: impl FnOnce(Option<std::fs::Metadata>) -> ToolResult<index::FileRecord>,
+) -> ToolResult<(index::FileRecord, Option<std::fs::File>)> {
+    let opened = stat.as_ref().map(index::stat_key);
+    let record = fresh(stat)?;
+    let file = file.filter(|_| opened == Some((record.size, record.mtime_ns)));
+    Ok((record, file))
+}
+
+/// Read one checked file whose catalogue row is current (`file`: that file, opened).
+#[allow(clippy::too_many_arguments)]
 fn read_file(
     store: &Store,
     slug: &str,
     checked: &paths::WorkspacePath,
     absolute: &Path,
     record: index::FileRecord,
+    file: Option<std::fs::File>,
     params: &ReadParams,
     max_chars: usize,
 ) -> ToolResult<ToolOutput> {
@@ -157,6 +189,7 @@ fn read_file(
         Kind::Markdown | Kind::Text => {
             let mut content = read_text(
                 absolute,
+                file,
                 record.size as u64,
                 params.sections.is_none().then_some(max_chars),
             )?;
@@ -308,7 +341,8 @@ fn read_file(
         };
         rendered.push_str(&hint);
     }
-    structured["content"] = json!(text);
+    // Moved, not copied (`json!` serializes its argument into a new value).
+    structured["content"] = Value::String(text);
     Ok(ToolOutput {
         text: rendered,
         structured,
@@ -330,28 +364,67 @@ fn one_folder(glob: &str) -> bool {
 /// Files from this size on are read in a `blocking::section`.
 const LARGE_READ: u64 = 1 << 20;
 
-/// The text of `path`, `size` bytes by its catalogue row (just checked against the disk).
-fn read_text(path: &Path, size: u64, max_chars: Option<usize>) -> ToolResult<String> {
-    let file = std::fs::File::open(path).map_err(|e| ToolError::internal("opening file", e))?;
+/// The text of `path` (`file`: already open), `size` bytes by its catalogue row (just
+/// checked against the disk).
+fn read_text(
+    path: &Path,
+    file: Option<std::fs::File>,
+    size: u64,
+    max_chars: Option<usize>,
+) -> ToolResult<String> {
+    let file = match file {
+        Some(file) => file,
+        None => std::fs::File::open(path).map_err(|e| ToolError::internal("opening file", e))?,
+    };
     let limit = max_chars.map(|max| (max as u64 + 1) * 4);
     if size.min(limit.unwrap_or(u64::MAX)) >= LARGE_READ {
-        return crate::blocking::section(|| read_from(file, limit));
+        return crate::blocking::section(|| read_from(file, size, limit));
     }
-    read_from(file, limit)
+    read_from(file, size, limit)
 }
 
-fn read_from(file: std::fs::File, limit: Option<u64>) -> ToolResult<String> {
-    let mut bytes = Vec::new();
-    match limit {
-        // 4 bytes per character at most, plus one more character to detect the cut.
-        Some(limit) => file.take(limit).read_to_end(&mut bytes),
-        None => {
-            let mut file = file;
-            file.read_to_end(&mut bytes)
+/// At most `limit` bytes of `file` (4 bytes per character at most, plus one more
+/// character to detect the cut), as text. The buffer is sized from the stat (`size`),
+/// so a page takes one `read` and the one that finds its end (`read_to_end` grows its
+/// buffer from 32 bytes: 9 reads for a 4 KiB page).
+fn read_from(mut file: std::fs::File, size: u64, limit: Option<u64>) -> ToolResult<String> {
+    let error = |e| ToolError::internal("reading file", e);
+    let cap = limit.unwrap_or(u64::MAX);
+    let expected = size.min(cap);
+    // One byte more than the stat said, unless that is past the limit: a file that
+    // grew since shows it by filling the buffer.
+    let first = if expected < cap {
+        expected + 1
+    } else {
+        expected
+    };
+    let mut bytes =
+        vec![
+            0u8;
+            usize::try_from(first)
+                .map_err(|_| ToolError::internal("reading file", "the file is too large"))?
+        ];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        match file.read(&mut bytes[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(error(e)),
         }
     }
-    .map_err(|e| ToolError::internal("reading file", e))?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    bytes.truncate(filled);
+    if filled as u64 == first && first < cap {
+        // It grew since its stat: the rest, up to the limit.
+        (&mut file)
+            .take(cap - first)
+            .read_to_end(&mut bytes)
+            .map_err(error)?;
+    }
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }
 
 fn read_batch(
@@ -392,7 +465,9 @@ fn read_batch(
         )
         .with_detail("path", params.path.as_str()));
     }
-    let mut text = String::new();
+    // The pages' text goes in once more than it is read: room for it from the start.
+    let expected: u64 = files.iter().map(|f| f.size.max(0) as u64 + 64).sum();
+    let mut text = String::with_capacity(expected.min((max_chars as u64 + 1) * 4) as usize);
     let mut used = 0usize;
     let mut returned = Vec::new();
     let mut remaining = Vec::new();
@@ -412,21 +487,31 @@ fn read_batch(
         };
         // The listing's row saves a look-up per file; the file is still checked on
         // disk (a changed one is re-indexed first), as a single read does.
-        let outcome =
-            store
-                .checked_path_with_stat(slug, &file.path)
-                .and_then(|(checked, absolute, stat)| {
-                    let record = index::ensure_fresh_with(
+        let outcome = store
+            .checked_path_for_read(slug, &file.path)
+            .and_then(|checked| {
+                let (record, opened) = fresh_record(checked.stat, checked.file, |stat| {
+                    index::ensure_fresh_with(
                         store,
                         slug,
-                        &checked.path,
-                        &absolute,
+                        &checked.path.path,
+                        &checked.absolute,
                         Some(file),
                         stat,
-                    )?;
-                    let budget = (max_chars - used).max(100);
-                    read_file(store, slug, &checked, &absolute, record, &single, budget)
-                });
+                    )
+                })?;
+                let budget = (max_chars - used).max(100);
+                read_file(
+                    store,
+                    slug,
+                    &checked.path,
+                    &checked.absolute,
+                    record,
+                    opened,
+                    &single,
+                    budget,
+                )
+            });
         match outcome {
             Ok(mut output) => {
                 let structured = &mut output.structured;
@@ -440,14 +525,15 @@ fn read_batch(
                 used += chars;
                 let _ = writeln!(text, "=== {} ===", output.text);
                 images.extend(output.images);
-                returned.push(json!({
-                    "path": file.path,
-                    "rev": structured["rev"].take(),
-                    "kind": structured["kind"].take(),
-                    "chars": chars,
-                    "truncated": truncated,
-                    "content": structured["content"].take(),
-                }));
+                // Built by moving the parts in: `json!` would copy the content.
+                let mut entry = Map::new();
+                entry.insert("path".into(), Value::String(file.path.clone()));
+                entry.insert("rev".into(), structured["rev"].take());
+                entry.insert("kind".into(), structured["kind"].take());
+                entry.insert("chars".into(), Value::from(chars));
+                entry.insert("truncated".into(), Value::Bool(truncated));
+                entry.insert("content".into(), structured["content"].take());
+                returned.push(Value::Object(entry));
             }
             Err(error) => {
                 let _ = writeln!(text, "=== {} ===\n{}\n", file.path, error.to_text());
@@ -468,15 +554,15 @@ fn read_batch(
                 .join(", ")
         );
     }
+    let mut structured = Map::new();
+    structured.insert("workspace".into(), Value::from(slug));
+    structured.insert("path".into(), Value::from(params.path.as_str()));
+    structured.insert("files".into(), Value::Array(returned));
+    structured.insert("truncated".into(), Value::Bool(!remaining.is_empty()));
+    structured.insert("remaining".into(), Value::from(remaining));
     Ok(ToolOutput {
         text,
-        structured: json!({
-            "workspace": slug,
-            "path": params.path,
-            "files": returned,
-            "remaining": remaining,
-            "truncated": !remaining.is_empty(),
-        }),
+        structured: Value::Object(structured),
         images,
     })
 }
@@ -484,6 +570,31 @@ fn read_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_is_read_whole_whatever_its_stat_said_up_to_the_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("page.md");
+        let text = "é and plain text ".repeat(1000);
+        std::fs::write(&path, &text).expect("write");
+        let open = || std::fs::File::open(&path).expect("open");
+        let size = text.len() as u64;
+        // As stat'ed; grown since (a smaller stat); shrunk since (a larger one).
+        for stat in [size, 10, 0, size * 2] {
+            assert_eq!(read_from(open(), stat, None).expect("read"), text, "{stat}");
+        }
+        // A limit cuts, whatever the stat.
+        for stat in [size, 10] {
+            assert_eq!(
+                read_from(open(), stat, Some(100)).expect("read").len(),
+                100,
+                "{stat}"
+            );
+        }
+        // Bytes that are not UTF-8 are replaced, not refused.
+        std::fs::write(&path, b"ok \xff ok").expect("write");
+        assert_eq!(read_from(open(), 7, None).expect("read"), "ok \u{fffd} ok");
+    }
 
     #[test]
     fn page_specs() {
