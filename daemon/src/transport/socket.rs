@@ -318,6 +318,9 @@ pub fn frame_error(bytes: &[u8], error: &serde_json::Error) -> TxJsonRpcMessage<
     JsonRpcMessage::Error(JsonRpcError::new(id, data))
 }
 
+/// Largest buffer a connection keeps for its next frame (a larger answer's is freed).
+const FRAME_BUFFER_KEPT: usize = 1 << 20;
+
 async fn serve_mcp(
     mut reader: BufReader<tokio::net::unix::OwnedReadHalf>,
     mut writer: tokio::net::unix::OwnedWriteHalf,
@@ -345,6 +348,8 @@ async fn serve_mcp(
     let writer_open = context.inflight.writer();
     let writer_task = tokio::spawn(async move {
         let _writer_open = writer_open;
+        // Kept between frames: a 90 KB answer is not grown from nothing each time.
+        let mut bytes = Vec::new();
         loop {
             let message = tokio::select! {
                 biased;
@@ -363,15 +368,14 @@ async fn serve_mcp(
                     break;
                 }
             };
-            let mut bytes = match serde_json::to_vec(&message) {
-                Ok(bytes) => bytes,
-                Err(error) => {
-                    tracing::error!(%error, "cannot serialize an outgoing message");
-                    continue;
-                }
-            };
-            bytes.push(b'\n');
+            if let Err(error) = super::jsonline::write_line(&message, &mut bytes) {
+                tracing::error!(%error, "cannot serialize an outgoing message");
+                continue;
+            }
             let written = writer.write_all(&bytes).await;
+            if bytes.capacity() > FRAME_BUFFER_KEPT {
+                bytes = Vec::new();
+            }
             let id = match &message {
                 JsonRpcMessage::Response(response) => Some(&response.id),
                 JsonRpcMessage::Error(error) => error.id.as_ref(),
