@@ -149,9 +149,10 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     );
     tokio::spawn(keep_index_current(Arc::clone(&context)));
     tokio::spawn(prune_call_logs(Arc::clone(&context)));
-    tokio::spawn(crate::memory::release_when_quiet(Arc::clone(
-        &context.inflight,
-    )));
+    tokio::spawn(crate::memory::release_when_quiet(
+        Arc::clone(&context.inflight),
+        Arc::clone(&context.store),
+    ));
     // Sources sync on their own threads: never on the runtime, never under a lock
     // while they wait on the network.
     // Before the socket serves anything: sources a rebuilt state.db lost come back.

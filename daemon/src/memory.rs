@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::context::Inflight;
+use crate::workspace::Store;
 
 /// How often the daemon looks whether it has gone quiet.
 const QUIET_CHECK: Duration = Duration::from_secs(10);
@@ -57,9 +58,10 @@ pub fn release() {
 
 /// Every `QUIET_CHECK` while no request is in flight, if one was answered within
 /// `TRIM_AFTER_ACTIVITY`: let go of the copies of git's indexes kept for the next write
-/// (`gitindex::release_cached`) and trim (on the blocking pool: it takes a few
-/// milliseconds). An idle daemon does nothing.
-pub async fn release_when_quiet(inflight: Arc<Inflight>) {
+/// (`gitindex::release_cached`) and of the workspaces' open repositories (libgit2's
+/// object caches: `Store::release_repositories`), and trim (on the blocking pool: it
+/// takes a few milliseconds). An idle daemon does nothing.
+pub async fn release_when_quiet(inflight: Arc<Inflight>, store: Arc<Store>) {
     let mut seen = inflight.finished();
     let mut active = None;
     loop {
@@ -73,7 +75,12 @@ pub async fn release_when_quiet(inflight: Arc<Inflight>) {
         if recent && inflight.count() == 0 {
             // The copies of git's indexes kept for the next write go first.
             crate::workspace::gitindex::release_cached();
-            let _ = tokio::task::spawn_blocking(release).await;
+            let store = Arc::clone(&store);
+            let _ = tokio::task::spawn_blocking(move || {
+                store.release_repositories();
+                release();
+            })
+            .await;
         }
     }
 }
