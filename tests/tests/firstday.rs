@@ -911,3 +911,28 @@ fn a_bundle_entry_sets_the_home_up_on_first_use() {
     );
     assert!(!other.home.join("config.toml").exists());
 }
+
+/// The shim every client starts maps no library it does not need: libm.so was loaded
+/// and relocated at every start only for indicatif's `pow` (issue 15: about 200 kB of
+/// the shim's resident pages), which the binary now defines itself.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_shim_binary_does_not_load_libm() {
+    let binary = alexandria_tests::bin_path("alexandria");
+    let output = Command::new("readelf")
+        .arg("--dynamic")
+        .arg(&binary)
+        .output()
+        .expect("readelf (binutils) runs");
+    assert!(output.status.success(), "readelf failed: {output:?}");
+    let dynamic = String::from_utf8_lossy(&output.stdout);
+    let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
+    assert!(
+        needed.iter().any(|l| l.contains("libc.so")),
+        "no NEEDED entries read: {dynamic}"
+    );
+    assert!(
+        !needed.iter().any(|l| l.contains("libm.so")),
+        "the shim loads libm again: {needed:?}"
+    );
+}
