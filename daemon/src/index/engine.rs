@@ -25,10 +25,11 @@
 //! Terms are made by `tokens.rs` (FTS5's `porter unicode61 remove_diacritics 2`) inside
 //! tantivy's indexing thread, with positions. A phrase is a position check, which costs
 //! what its rarest word's postings do; so for the words common enough that this is
-//! slow (`Common`: in at least `COMMON_SHARE` of the chunks of a sample, chosen when the
-//! index is rebuilt and again when it has grown `GROWTH` times), the index also holds
-//! each pair of neighbouring common words as one term, at the position of the first: a
-//! phrase of common words is then a term or two. Snippets are made from the hit's
+//! slow (`Common`: in at least `COMMON_SHARE` of the chunks of a sample, chosen with
+//! their shares when the index is rebuilt and again when it has grown `GROWTH` times),
+//! the index also holds each pair of neighbouring common words whose shares multiply to
+//! `PAIR_PRODUCT` or more as one term, at the position of the first: a phrase of such
+//! words is then a term or two. Snippets are made from the hit's
 //! stored text (`snippet.rs`).
 
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
@@ -59,7 +60,7 @@ use crate::db::Pool;
 use crate::workspace::Store;
 
 /// Bumped when the schema or the terms change: an index with another one is rebuilt.
-const FORMAT: u32 = 4;
+const FORMAT: u32 = 5;
 /// Writer memory: the terms held before a segment is written (tantivy's floor is 15 MB).
 /// A segment written sorts its terms, builds their dictionary and the postings' block
 /// maxima: with 32 MB, a cold index of 10k pages wrote one every few thousand pages and
@@ -111,9 +112,20 @@ const MAX_TERM: usize = 255;
 /// every page, leaves block-max WAND nothing to skip (`bed*` of the benchmark's 100k
 /// pages, 164 terms: 122 ms, every match scored). Up to this many, each is scored.
 const PREFIX_SCORED: usize = 16;
-/// A word is common (its pairs are indexed) when it is in at least this share of the
-/// chunks of the sample, and in two of them at least.
+/// A word is common when it is in at least this share of the chunks of the sample, and
+/// in two of them at least.
 const COMMON_SHARE: f64 = 0.02;
+/// Shares are kept in units of 1/`SHARE_UNITS`.
+const SHARE_UNITS: u32 = 10_000;
+/// A pair of neighbouring common words is indexed as one term when the product of their
+/// shares is at least this (in `SHARE_UNITS`²): a phrase of two words is slow to check by
+/// positions in proportion to the chunks holding both, about that product. Every pair of
+/// words in 2 % of the chunks each made about seven times the distinct terms (107k
+/// against 14.5k in a sample of the benchmark's 100k pages) and half again the
+/// tokens, which made a cold index of 100k pages about a quarter slower; the pairs left
+/// out are those of words rare enough that their phrase is checked by positions in
+/// about a millisecond at 100k pages (`"beba daka"`, 78 % and 9 %: 4.7 ms unpaired).
+const PAIR_PRODUCT: u32 = 200 * SHARE_UNITS; // 0.02
 /// The sample the common words are chosen from: chunks of files spread over the
 /// catalogue; a rebuild during the first catch-up waits until this many are there.
 const SAMPLE_CHUNKS: usize = 4_000;
@@ -182,16 +194,36 @@ fn schema() -> (Schema, Fields) {
 /// Our tokenizer's name in tantivy's registry.
 const TERMS: &str = "alexandria-terms";
 
-/// The words whose pairs the index holds.
-#[derive(Debug, Default)]
+/// The words whose pairs the index holds, with their share of the chunks sampled (in
+/// `SHARE_UNITS`; never 0).
+#[derive(Debug, Default, PartialEq)]
 pub struct Common {
-    words: HashSet<String, BuildFx>,
+    words: HashMap<String, u16, BuildFx>,
 }
 
 impl Common {
-    fn contains(&self, term: &str) -> bool {
-        !self.words.is_empty() && self.words.contains(term)
+    /// The share of a common word, 0 for any other.
+    fn share(&self, term: &str) -> u16 {
+        if self.words.is_empty() {
+            return 0;
+        }
+        self.words.get(term).copied().unwrap_or(0)
     }
+
+    #[cfg(test)]
+    fn contains(&self, term: &str) -> bool {
+        self.share(term) > 0
+    }
+
+    /// Whether two neighbouring words are indexed as a pair term.
+    fn pairs(&self, first: &str, second: &str) -> bool {
+        paired(self.share(first), self.share(second))
+    }
+}
+
+/// Whether words of these shares make a pair term (`PAIR_PRODUCT`).
+fn paired(first: u16, second: u16) -> bool {
+    first > 0 && second > 0 && u32::from(first) * u32::from(second) >= PAIR_PRODUCT
 }
 
 /// FxHash (rustc's): a few instructions per short string, which a set looked up for
@@ -248,7 +280,8 @@ struct Slot {
     /// 0: empty.
     word_len: u8,
     stem_len: u8,
-    common: bool,
+    /// Its share if it is a common word, else 0.
+    share: u16,
     word: [u8; SLOT_BYTES],
     stem: [u8; SLOT_BYTES],
 }
@@ -256,7 +289,7 @@ struct Slot {
 const EMPTY_SLOT: Slot = Slot {
     word_len: 0,
     stem_len: 0,
-    common: false,
+    share: 0,
     word: [0; SLOT_BYTES],
     stem: [0; SLOT_BYTES],
 };
@@ -276,8 +309,8 @@ impl Stems {
         (hasher.finish() as usize) & (SLOTS - 1)
     }
 
-    /// The stem of `word` (into `stem`) and whether it is common, if cached.
-    fn get(&self, word: &str, stem: &mut String) -> Option<bool> {
+    /// The stem of `word` (into `stem`) and its share (`Common::share`), if cached.
+    fn get(&self, word: &str, stem: &mut String) -> Option<u16> {
         let slot = &self.slots[Stems::slot(word)];
         let length = usize::from(slot.word_len);
         if length == 0 || length != word.len() || &slot.word[..length] != word.as_bytes() {
@@ -285,17 +318,17 @@ impl Stems {
         }
         stem.clear();
         stem.push_str(std::str::from_utf8(&slot.stem[..usize::from(slot.stem_len)]).ok()?);
-        Some(slot.common)
+        Some(slot.share)
     }
 
-    fn put(&mut self, word: &str, stem: &str, common: bool) {
+    fn put(&mut self, word: &str, stem: &str, share: u16) {
         if word.is_empty() || word.len() > SLOT_BYTES || stem.len() > SLOT_BYTES {
             return;
         }
         let slot = &mut self.slots[Stems::slot(word)];
         slot.word_len = word.len() as u8;
         slot.stem_len = stem.len() as u8;
-        slot.common = common;
+        slot.share = share;
         slot.word[..word.len()].copy_from_slice(word.as_bytes());
         slot.stem[..stem.len()].copy_from_slice(stem.as_bytes());
     }
@@ -316,9 +349,9 @@ struct TermStream<'a> {
     stems: &'a mut Stems,
     /// Terms seen so far.
     count: usize,
-    /// The previous term, when it is common (`previous_common`).
+    /// The previous term, when it is common (`previous_share` > 0).
     previous: String,
-    previous_common: bool,
+    previous_share: u16,
     /// The current term is still to be given (after its pair).
     word_due: bool,
     /// The current term (`token.text` holds the pair before it).
@@ -346,7 +379,7 @@ impl Tokenizer for TermTokenizer {
             stems: &mut self.stems,
             count: 0,
             previous: String::new(),
-            previous_common: false,
+            previous_share: 0,
             word_due: false,
             term: String::new(),
             token: Token::default(),
@@ -355,28 +388,28 @@ impl Tokenizer for TermTokenizer {
 }
 
 impl TermStream<'_> {
-    /// The next term into `self.term`, and whether it is common.
-    fn next_term(&mut self) -> Option<bool> {
+    /// The next term into `self.term`, and its share (`Common::share`).
+    fn next_term(&mut self) -> Option<u16> {
         loop {
             let (_, first) = self.terms.advance_unstemmed()?;
             if first.is_none() {
                 continue; // folds to nothing: not a term
             }
             self.count += 1;
-            if let Some(common) = self.stems.get(self.terms.term(), &mut self.term) {
-                return Some(common);
+            if let Some(share) = self.stems.get(self.terms.term(), &mut self.term) {
+                return Some(share);
             }
             let folded = self.terms.term().to_string();
             self.terms.stem();
             self.term.clear();
             self.term.push_str(self.terms.term());
-            let common = self
+            let share = self
                 .stems
                 .common
                 .as_ref()
-                .is_some_and(|c| c.contains(&self.term));
-            self.stems.put(&folded, &self.term, common);
-            return Some(common);
+                .map_or(0, |c| c.share(&self.term));
+            self.stems.put(&folded, &self.term, share);
+            return Some(share);
         }
     }
 }
@@ -390,12 +423,12 @@ impl TokenStream for TermStream<'_> {
             self.token.position = self.count - 1;
             return true;
         }
-        while let Some(common) = self.next_term() {
+        while let Some(share) = self.next_term() {
             if self.term.len() > MAX_TERM {
-                self.previous_common = false;
+                self.previous_share = 0;
                 continue;
             }
-            let pair = common && self.previous_common;
+            let pair = paired(self.previous_share, share);
             if pair {
                 self.token.text.clear();
                 self.token.text.push(PAIR_MARK);
@@ -404,8 +437,8 @@ impl TokenStream for TermStream<'_> {
                 self.token.text.push_str(&self.term);
                 self.token.position = self.count - 2;
             }
-            self.previous_common = common;
-            if common {
+            self.previous_share = share;
+            if share > 0 {
                 self.previous.clear();
                 self.previous.push_str(&self.term);
             }
@@ -708,7 +741,11 @@ fn lower_priority() {
 }
 
 fn payload(generation: &str, seq: i64, basis: u64, common: &Common) -> String {
-    let mut words: Vec<&str> = common.words.iter().map(String::as_str).collect();
+    let mut words: Vec<String> = common
+        .words
+        .iter()
+        .map(|(word, share)| format!("{word}:{share}"))
+        .collect();
     words.sort_unstable();
     format!(
         "alexandria-search {FORMAT} {generation} {seq} {basis} {}",
@@ -727,10 +764,13 @@ fn parse_payload(payload: Option<&str>, generation: &str) -> Option<Committed> {
     }
     let seq = parts.next()?.parse().ok()?;
     let basis = parts.next()?.parse().ok()?;
-    let words = parts
-        .filter(|w| !w.is_empty())
-        .map(str::to_string)
-        .collect();
+    // Each word with its share; a word holds no ':' (the tokenizer splits there).
+    let mut words = HashMap::default();
+    for part in parts.filter(|w| !w.is_empty()) {
+        let (word, share) = part.rsplit_once(':')?;
+        let share: u16 = share.parse().ok().filter(|s| *s > 0)?;
+        words.insert(word.to_string(), share);
+    }
     Some(Committed {
         seq,
         basis,
@@ -1191,8 +1231,15 @@ impl Engine {
             common = common.len(),
             "common words of the search index"
         );
+        let share = |count: u32| {
+            let units = u64::from(count) * u64::from(SHARE_UNITS) / u64::from(sampled.max(1));
+            u16::try_from(units.clamp(1, u64::from(SHARE_UNITS))).unwrap_or(1)
+        };
         Ok(Common {
-            words: common.into_iter().map(|(_, term)| term).collect(),
+            words: common
+                .into_iter()
+                .map(|(count, term)| (term, share(count)))
+                .collect(),
         })
     }
 
@@ -1787,7 +1834,7 @@ fn units(words: &[&str], common: &Common) -> Vec<(usize, String)> {
     let mut covered = vec![false; words.len()];
     let mut units = Vec::new();
     for i in 1..words.len() {
-        if common.contains(words[i - 1]) && common.contains(words[i]) {
+        if common.pairs(words[i - 1], words[i]) {
             units.push((i - 1, pair(words[i - 1], words[i])));
             covered[i - 1] = true;
             covered[i] = true;
@@ -2437,14 +2484,15 @@ mod tests {
 
     #[test]
     fn payload_round_trips() {
-        let common = Common {
-            words: ["a", "b"].iter().map(|w| w.to_string()).collect(),
-        };
+        let common = shares(&[("a", 7_500), ("b", 230)]);
         let text = payload("g1", 42, 7, &common);
         let parsed = parse_payload(Some(&text), "g1").expect("parsed");
         assert_eq!((parsed.seq, parsed.basis), (42, 7));
         assert_eq!(parsed.common.words, common.words);
         assert!(parse_payload(Some(&text), "g2").is_none());
+        // An index of the format before shares (words only) is not taken for one.
+        let older = format!("alexandria-search {FORMAT} g1 42 7 a b");
+        assert!(parse_payload(Some(&older), "g1").is_none());
         assert!(parse_payload(None, "g1").is_none());
         let none = payload("g1", 1, 0, &Common::default());
         assert!(
@@ -2458,9 +2506,7 @@ mod tests {
 
     #[test]
     fn phrases_become_pairs_of_common_words() {
-        let common = Common {
-            words: ["a", "b", "c"].iter().map(|w| w.to_string()).collect(),
-        };
+        let common = shares(&[("a", 5_000), ("b", 5_000), ("c", 5_000)]);
         let at = |units: Vec<(usize, String)>| -> Vec<(usize, String)> { units };
         assert_eq!(at(units(&["a"], &common)), vec![(0, "a".to_string())]);
         assert_eq!(at(units(&["a", "b"], &common)), vec![(0, pair("a", "b"))]);
@@ -2479,6 +2525,71 @@ mod tests {
         assert_eq!(
             at(units(&["a", "x", "b"], &common)),
             vec![(0, "a".into()), (1, "x".into()), (2, "b".into())]
+        );
+    }
+
+    fn shares(words: &[(&str, u16)]) -> Common {
+        Common {
+            words: words.iter().map(|(w, s)| (w.to_string(), *s)).collect(),
+        }
+    }
+
+    /// Pairs only of words whose shares multiply to `PAIR_PRODUCT` or more: the same
+    /// rule for the terms indexed and the units a phrase is searched by.
+    #[test]
+    fn only_pairs_of_words_common_enough_together_are_indexed() {
+        // In 100 % and 2 % of the chunks (a product of 0.02), in 50 % and 3 % (0.015),
+        // in 14 % and 15 % (0.021).
+        let common = shares(&[
+            ("common", 10_000),
+            ("some", 200),
+            ("half", 5_000),
+            ("few", 300),
+            ("x", 1_400),
+            ("y", 1_500),
+        ]);
+        assert!(common.pairs("common", "some"));
+        assert!(common.pairs("some", "common"));
+        assert!(!common.pairs("half", "few"));
+        assert!(!common.pairs("half", "unknown"));
+        assert!(common.pairs("x", "y"));
+        // "few some": 0.0006.
+        assert_eq!(
+            units(&["half", "few", "some", "common"], &common),
+            vec![
+                (0, "half".to_string()),
+                (1, "few".to_string()),
+                (2, pair("some", "common"))
+            ]
+        );
+        // The tokenizer makes the same pairs.
+        let made = {
+            let common = Arc::new(RwLock::new(Arc::new(common)));
+            let mut tokenizer = TermTokenizer {
+                common,
+                started: Arc::new(AtomicU64::new(0)),
+                stems: Stems::new(),
+            };
+            let mut stream = tokenizer.token_stream("half few some common x y");
+            let mut made = Vec::new();
+            while stream.advance() {
+                made.push((stream.token().position, stream.token().text.clone()));
+            }
+            made
+        };
+        assert_eq!(
+            made,
+            vec![
+                (0, "half".to_string()),
+                (1, "few".to_string()),
+                (2, "some".to_string()),
+                (2, pair("some", "common")),
+                (3, "common".to_string()),
+                (3, pair("common", "x")),
+                (4, "x".to_string()),
+                (4, pair("x", "y")),
+                (5, "y".to_string()),
+            ]
         );
     }
 }
