@@ -475,6 +475,9 @@ const PENDING_FILE: &str = "alexandria-pending";
 const PENDING_RECORD: usize = 72;
 /// The previous index, kept until HEAD's branch has moved (put back if it cannot).
 const PREVIOUS_INDEX: &str = "alexandria-index-previous";
+/// The index before the current one, once HEAD's branch has moved: the next session
+/// writes its index into this file instead of a new one (`gitindex::write_next_reusing`).
+const SPARE_INDEX: &str = "alexandria-index-spare";
 
 /// The commit a session that died left in `.git/alexandria-pending`.
 fn read_pending(git_dir: &Path) -> Option<Oid> {
@@ -868,7 +871,8 @@ impl<'r> Session<'r> {
             .collect();
         let size = fs::metadata(current).map(|m| m.len()).unwrap_or(0);
         let skip_hash = gitindex::skips_hash(self.repo.config().ok().as_ref(), size);
-        match gitindex::write_next(current, next, &updates, skip_hash)
+        let spare = current.with_file_name(SPARE_INDEX);
+        match gitindex::write_next_reusing(current, next, Some(&spare), &updates, skip_hash)
             .map_err(io("writing git's index"))?
         {
             gitindex::Outcome::Written(written) => return Ok(Some(written)),
@@ -942,7 +946,15 @@ impl<'r> Session<'r> {
                 return Err(error);
             }
             if indexed {
-                remove_later(&previous);
+                // The index it replaced, for the next session to write into (when no
+                // one has it open then); one left unused is freed off this thread.
+                let spare = git_dir.join(SPARE_INDEX);
+                if spare.exists() {
+                    remove_later(&spare);
+                }
+                if !gitindex::REUSES_SPARE || fs::rename(&previous, &spare).is_err() {
+                    remove_later(&previous);
+                }
             }
         }
         let mut renamed = BTreeMap::new();

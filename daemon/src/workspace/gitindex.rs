@@ -182,6 +182,21 @@ pub fn write_next(
     updates: &[Update<'_>],
     skip_hash: bool,
 ) -> std::io::Result<Outcome> {
+    write_next_reusing(current, next, None, updates, skip_hash)
+}
+
+/// `write_next`, writing into the file at `spare` (an index this daemon replaced
+/// earlier, see `Session::finish`) when no one else has it open: it is renamed to
+/// `next` and overwritten. At 100k pages, writing a new 10 MB file cost 2.0 ms against
+/// 0.7 ms for overwriting one whose pages and blocks are already there (and freeing
+/// the old one as much again).
+pub fn write_next_reusing(
+    current: &Path,
+    next: &Path,
+    spare_file: Option<&Path>,
+    updates: &[Update<'_>],
+    skip_hash: bool,
+) -> std::io::Result<Outcome> {
     let Loaded {
         bytes,
         metadata,
@@ -232,17 +247,32 @@ pub fn write_next(
         Ok(built) => built,
         Err(why) => return Ok(Outcome::Unsupported(why)),
     };
-    match fs::remove_file(next) {
-        Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o666)
-        .open(next)?;
-    file.write_all(&built)?;
+    let file = match spare_file.and_then(|spare| reuse(spare, next)) {
+        Some(file) => {
+            let written = file
+                .write_all_at(&built, 0)
+                .and_then(|()| file.set_len(built.len() as u64));
+            // Released before the file is named `.git/index`: a lease there would
+            // make every `git status` wait for it.
+            unlease(&file);
+            written?;
+            file
+        }
+        None => {
+            match fs::remove_file(next) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o666)
+                .open(next)?;
+            file.write_all(&built)?;
+            file
+        }
+    };
     Ok(Outcome::Written(Written {
         file,
         current: current.to_path_buf(),
@@ -250,6 +280,69 @@ pub fn write_next(
         table: Arc::new(table),
     }))
 }
+
+/// Whether `write_next_reusing` can write into a spare (write leases: Linux only).
+pub const REUSES_SPARE: bool = cfg!(target_os = "linux");
+
+/// The file at `spare`, renamed to `next` and open for writing, when no process
+/// (this one included) has it open or mapped: a `git status` that opened it while it
+/// was `.git/index` may still be reading it, and must not see it change. A write
+/// lease (`F_SETLEASE`) is granted only then, and makes anyone opening it meanwhile
+/// wait until `unlease`. None (and `spare` left for the caller to free) otherwise, or
+/// where leases do not exist.
+#[cfg(target_os = "linux")]
+fn reuse(spare: &Path, next: &Path) -> Option<File> {
+    use std::os::fd::AsRawFd;
+    // A lease broken by someone opening the file signals its holder with SIGIO, whose
+    // default action ends the process: ignored (nothing here uses it), as the lease
+    // is let go within milliseconds anyway.
+    static IGNORE_SIGIO: std::sync::Once = std::sync::Once::new();
+    IGNORE_SIGIO.call_once(|| {
+        // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::signal(libc::SIGIO, libc::SIG_IGN)
+        };
+    });
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(spare)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    // SAFETY: fcntl on a descriptor this function owns.
+    #[allow(unsafe_code)]
+    let leased = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) };
+    if leased != 0 {
+        return None;
+    }
+    if fs::rename(spare, next).is_err() {
+        unlease(&file);
+        return None;
+    }
+    Some(file)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reuse(_spare: &Path, _next: &Path) -> Option<File> {
+    None
+}
+
+#[cfg(target_os = "linux")]
+fn unlease(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor the caller owns.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK)
+    };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unlease(_file: &File) {}
 
 /// An index read for a rewrite.
 struct Loaded {
@@ -548,7 +641,6 @@ fn unchanged_since_stat(entry: &[u8], metadata: &Metadata) -> bool {
     .iter()
     .all(|&(at, value)| recorded(at) == Some(value))
 }
-
 
 /// Whether `entry` could be racily clean in an index modified at `index_mtime`: its
 /// file's mtime is not older than the index and its size is known (`smudged` then
@@ -891,8 +983,8 @@ fn invalidate(nodes: &mut [Node<'_>], path: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::Command;
     use std::borrow::Cow;
+    use std::process::Command;
 
     fn git(dir: &Path, args: &[&str]) -> String {
         git_with(dir, args, None)
@@ -1523,6 +1615,94 @@ mod tests {
             "wiki/one.md\n",
             "git must see the change after the daemon wrote the index again"
         );
+    }
+
+    /// Whether this file system grants write leases (tmpfs, ext4, overlayfs do; NFS
+    /// does not): the spare index is reused only where it does.
+    fn leases_work(dir: &Path) -> bool {
+        let probe = dir.join("lease-probe");
+        fs::write(&probe, "x").expect("probe");
+        match reuse(&probe, &dir.join("lease-probe-next")) {
+            Some(file) => {
+                unlease(&file);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The index a session replaced is written into by the next one when no one has
+    /// it open: the new index is that file (same inode), and git reads it whole.
+    #[test]
+    fn an_index_replaced_earlier_is_written_into_when_no_one_holds_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        if !leases_work(&root.join(".git")) {
+            eprintln!("no write leases on this file system: nothing to check");
+            return;
+        }
+        let index = root.join(".git/index");
+        let listed = git(root, &["ls-files"]);
+        let spare = root.join(".git/spare");
+        // A longer file than the index will be: the rewrite must cut it to size.
+        fs::write(&spare, vec![b'x'; 1 << 20]).expect("spare");
+        let spare_ino = fs::metadata(&spare).expect("stat").ino();
+        let (id, stat) = page(&repo, "wiki/new.md", "new\n");
+        let next = root.join(".git/next");
+        let update = [Update {
+            path: "wiki/new.md",
+            blob: Some(id),
+            stat: Some(&stat),
+        }];
+        let Outcome::Written(written) =
+            write_next_reusing(&index, &next, Some(&spare), &update, false).expect("write")
+        else {
+            panic!("unsupported");
+        };
+        assert!(!spare.exists(), "the spare became the next index");
+        assert_eq!(fs::metadata(&next).expect("stat").ino(), spare_ino);
+        fs::rename(&next, &index).expect("rename");
+        written.installed();
+        let mut expected: Vec<&str> = listed.lines().chain(["wiki/new.md"]).collect();
+        expected.sort_unstable();
+        assert_eq!(git(root, &["ls-files"]), expected.join("\n") + "\n");
+        git(root, &["fsck", "--no-dangling"]);
+        assert_eq!(git(root, &["diff-files", "--name-only"]), "");
+    }
+
+    /// A spare someone still has open (a `git status` that opened it while it was
+    /// `.git/index`) is not written into: what they read stays what they opened.
+    #[test]
+    fn a_spare_index_someone_has_open_is_left_as_it_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        let index = root.join(".git/index");
+        let spare = root.join(".git/spare");
+        fs::copy(&index, &spare).expect("spare");
+        let before = fs::read(&spare).expect("read");
+        let mut reader = File::open(&spare).expect("open");
+        let (id, stat) = page(&repo, "wiki/new.md", "new, a longer page than the rest\n");
+        let next = root.join(".git/next");
+        let update = [Update {
+            path: "wiki/new.md",
+            blob: Some(id),
+            stat: Some(&stat),
+        }];
+        let Outcome::Written(_) =
+            write_next_reusing(&index, &next, Some(&spare), &update, false).expect("write")
+        else {
+            panic!("unsupported");
+        };
+        assert!(spare.exists(), "left for the caller to free");
+        let mut seen = Vec::new();
+        reader.read_to_end(&mut seen).expect("read");
+        assert_eq!(
+            seen, before,
+            "the open file did not change under its reader"
+        );
+        assert_ne!(fs::read(&next).expect("read next"), before);
     }
 
     /// A racy entry whose file still has the stat data it records, to the
