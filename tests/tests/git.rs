@@ -848,3 +848,81 @@ async fn hand_index_changes_between_agent_writes_are_kept_and_nothing_is_staged_
     client.cancel().await?;
     Ok(())
 }
+
+/// The index a write replaced is kept as `.git/alexandria-index-spare`, and the next
+/// write puts its index into that file (same inode) when no one has it open. A person's
+/// process holding it (a `git status` that opened it while it was `.git/index`) keeps
+/// reading what it opened: the next index is a new file then. Either way git reads an
+/// index holding every page the agent wrote.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replaced_index_is_written_into_only_when_no_one_holds_it() -> anyhow::Result<()> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    let index = root.join(".git/index");
+    let spare = root.join(".git/alexandria-index-spare");
+    let ino = |path: &Path| std::fs::metadata(path).map(|m| m.ino());
+    let mut created = Vec::new();
+    for n in 0..4 {
+        if n == 2 {
+            assert!(spare.exists(), "the replaced index is kept");
+        }
+        let spare_before = ino(&spare).ok();
+        let held = if n == 3 {
+            let mut file = std::fs::File::open(&spare)?;
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            Some((file, bytes))
+        } else {
+            None
+        };
+        let path = format!("wiki/spare/{n}.md");
+        let result = call(
+            &client,
+            "write",
+            json!({"command": "create", "path": path, "content": format!("# Spare {n}\n")}),
+        )
+        .await?;
+        anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
+        let rev = result["structuredContent"]["rev"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        created.push((path, rev));
+        let now = ino(&index)?;
+        match (n, held) {
+            (2, _) => assert_eq!(Some(now), spare_before, "write 2 used the spare"),
+            (3, Some((mut file, bytes))) => {
+                assert_ne!(Some(now), spare_before, "a held spare is not written into");
+                use std::io::Seek;
+                file.rewind()?;
+                let mut again = Vec::new();
+                file.read_to_end(&mut again)?;
+                assert_eq!(again, bytes, "what the holder reads did not change");
+            }
+            _ => {}
+        }
+        assert_eq!(
+            git(&root, &["diff-files", "--name-only"]),
+            "",
+            "after write {n}"
+        );
+        assert_eq!(
+            git(&root, &["diff", "--cached", "--name-only"]),
+            "",
+            "after write {n}"
+        );
+        for (path, rev) in &created {
+            assert_eq!(
+                head_rev(&root, path).as_deref(),
+                Some(rev.as_str()),
+                "{path}"
+            );
+        }
+    }
+    git(&root, &["fsck", "--no-dangling"]);
+    Ok(())
+}
