@@ -284,9 +284,10 @@ pub fn write_next_reusing(
 /// Whether `write_next_reusing` can write into a spare (write leases: Linux only).
 pub const REUSES_SPARE: bool = cfg!(target_os = "linux");
 
-/// The file at `spare`, renamed to `next` and open for writing, when no process
-/// (this one included) has it open or mapped: a `git status` that opened it while it
-/// was `.git/index` may still be reading it, and must not see it change. A write
+/// The file at `spare`, renamed to `next` and open for writing, when it has no other
+/// name and no process (this one included) has it open or mapped: a `git status` that
+/// opened it while it was `.git/index` may still be reading it, and must not see it
+/// change. A write
 /// lease (`F_SETLEASE`) is granted only then, and makes anyone opening it meanwhile
 /// wait until `unlease`. None (and `spare` left for the caller to free) otherwise, or
 /// where leases do not exist.
@@ -310,7 +311,10 @@ fn reuse(spare: &Path, next: &Path) -> Option<File> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(spare)
         .ok()?;
-    if !file.metadata().ok()?.is_file() {
+    // Another name for the same file (a backup made with hard links, `cp -al`, holds
+    // what was `.git/index` under its own name) would see it change: never written into.
+    let metadata = file.metadata().ok()?;
+    if !metadata.is_file() || metadata.nlink() != 1 {
         return None;
     }
     // SAFETY: fcntl on a descriptor this function owns.
@@ -1701,6 +1705,44 @@ mod tests {
         assert_eq!(
             seen, before,
             "the open file did not change under its reader"
+        );
+        assert_ne!(fs::read(&next).expect("read next"), before);
+    }
+
+    /// A spare with another name (a backup made with hard links holds the old
+    /// `.git/index` as its own) is not written into: the other name keeps its bytes.
+    #[test]
+    fn a_spare_index_with_another_name_is_left_as_it_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let repo = repo(root);
+        if !leases_work(&root.join(".git")) {
+            eprintln!("no write leases on this file system: nothing to check");
+            return;
+        }
+        let index = root.join(".git/index");
+        let spare = root.join(".git/spare");
+        fs::copy(&index, &spare).expect("spare");
+        let backup = root.join("backup-index");
+        fs::hard_link(&spare, &backup).expect("link");
+        let before = fs::read(&backup).expect("read");
+        let (id, stat) = page(&repo, "wiki/new.md", "new, a longer page than the rest\n");
+        let next = root.join(".git/next");
+        let update = [Update {
+            path: "wiki/new.md",
+            blob: Some(id),
+            stat: Some(&stat),
+        }];
+        let Outcome::Written(_) =
+            write_next_reusing(&index, &next, Some(&spare), &update, false).expect("write")
+        else {
+            panic!("unsupported");
+        };
+        assert!(spare.exists(), "left for the caller to free");
+        assert_eq!(
+            fs::read(&backup).expect("read"),
+            before,
+            "the other name's bytes"
         );
         assert_ne!(fs::read(&next).expect("read next"), before);
     }
