@@ -48,6 +48,25 @@ fn git(dir: &Path, args: &[&str]) -> String {
     }
 }
 
+/// Create `path` through the `write` tool; its rev.
+async fn create_page(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    path: &str,
+    content: &str,
+) -> anyhow::Result<String> {
+    let result = call(
+        client,
+        "write",
+        json!({"command": "create", "path": path, "content": content}),
+    )
+    .await?;
+    anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
+    Ok(result["structuredContent"]["rev"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
 fn lab_env(env: Env) -> Env {
     env.ok(&["init"]);
     env.ok(&["workspace", "create", "lab"]);
@@ -202,17 +221,7 @@ async fn hand_work_between_agent_writes(skip_hash: bool) -> anyhow::Result<()> {
             let mut appended = Vec::new();
             for n in 0..20 {
                 let path = format!("wiki/ag{session}/{n}.md");
-                let result = call(
-                    &client,
-                    "write",
-                    json!({"command": "create", "path": path, "content": format!("# A {session} {n}\n")}),
-                )
-                .await?;
-                anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
-                let rev = result["structuredContent"]["rev"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
+                let rev = create_page(&client, &path, &format!("# A {session} {n}\n")).await?;
                 created.push((path, rev));
                 let line = format!("- line s{session}n{n}end");
                 let result = call(
@@ -352,17 +361,7 @@ async fn hand_commits_in_a_tight_loop_never_delete_an_agent_page() -> anyhow::Re
             let mut created = Vec::new();
             for n in 0..50 {
                 let path = format!("wiki/ag{session}/{n}.md");
-                let result = call(
-                    &client,
-                    "write",
-                    json!({"command": "create", "path": path, "content": format!("# A {session} {n}\n")}),
-                )
-                .await?;
-                anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
-                let rev = result["structuredContent"]["rev"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
+                let rev = create_page(&client, &path, &format!("# A {session} {n}\n")).await?;
                 created.push((path, rev));
             }
             client.cancel().await?;
@@ -804,17 +803,7 @@ async fn hand_index_changes_between_agent_writes_are_kept_and_nothing_is_staged_
             _ => {}
         }
         let path = format!("wiki/idx/{n}.md");
-        let result = call(
-            &client,
-            "write",
-            json!({"command": "create", "path": path, "content": format!("# Page {n}\n")}),
-        )
-        .await?;
-        anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
-        let rev = result["structuredContent"]["rev"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let rev = create_page(&client, &path, &format!("# Page {n}\n")).await?;
         created.push((path, rev));
         let stat_dirty = git(&root, &["diff-files", "--name-only"]);
         assert!(
@@ -880,17 +869,7 @@ async fn the_replaced_index_is_written_into_only_when_no_one_holds_it() -> anyho
             None
         };
         let path = format!("wiki/spare/{n}.md");
-        let result = call(
-            &client,
-            "write",
-            json!({"command": "create", "path": path, "content": format!("# Spare {n}\n")}),
-        )
-        .await?;
-        anyhow::ensure!(error_code(&result).is_none(), "create failed: {result}");
-        let rev = result["structuredContent"]["rev"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let rev = create_page(&client, &path, &format!("# Spare {n}\n")).await?;
         created.push((path, rev));
         let now = ino(&index)?;
         match (n, held) {
