@@ -1635,6 +1635,28 @@ mod tests {
         }
     }
 
+    /// The daemon writes `wiki/new.md` (`text`) and rewrites the index of `root`'s
+    /// repository with it, through `spare`: where the next index is, and its `Written`.
+    fn rewrite_through_spare(
+        repo: &git2::Repository,
+        root: &Path,
+        spare: &Path,
+        text: &str,
+    ) -> (PathBuf, Written) {
+        let (id, stat) = page(repo, "wiki/new.md", text);
+        let next = root.join(".git/next");
+        let update = [Update {
+            path: "wiki/new.md",
+            blob: Some(id),
+            stat: Some(&stat),
+        }];
+        let index = root.join(".git/index");
+        match write_next_reusing(&index, &next, Some(spare), &update, false).expect("write") {
+            Outcome::Written(written) => (next, written),
+            Outcome::Unsupported(why) => panic!("unsupported: {why}"),
+        }
+    }
+
     /// The index a session replaced is written into by the next one when no one has
     /// it open: the new index is that file (same inode), and git reads it whole.
     #[test]
@@ -1652,18 +1674,7 @@ mod tests {
         // A longer file than the index will be: the rewrite must cut it to size.
         fs::write(&spare, vec![b'x'; 1 << 20]).expect("spare");
         let spare_ino = fs::metadata(&spare).expect("stat").ino();
-        let (id, stat) = page(&repo, "wiki/new.md", "new\n");
-        let next = root.join(".git/next");
-        let update = [Update {
-            path: "wiki/new.md",
-            blob: Some(id),
-            stat: Some(&stat),
-        }];
-        let Outcome::Written(written) =
-            write_next_reusing(&index, &next, Some(&spare), &update, false).expect("write")
-        else {
-            panic!("unsupported");
-        };
+        let (next, written) = rewrite_through_spare(&repo, root, &spare, "new\n");
         assert!(!spare.exists(), "the spare became the next index");
         assert_eq!(fs::metadata(&next).expect("stat").ino(), spare_ino);
         fs::rename(&next, &index).expect("rename");
@@ -1676,75 +1687,45 @@ mod tests {
     }
 
     /// A spare someone still has open (a `git status` that opened it while it was
-    /// `.git/index`) is not written into: what they read stays what they opened.
+    /// `.git/index`), or that has another name (a backup made with hard links holds
+    /// the old `.git/index` as its own), is not written into: what they read stays
+    /// what it was.
     #[test]
-    fn a_spare_index_someone_has_open_is_left_as_it_is() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path();
-        let repo = repo(root);
-        let index = root.join(".git/index");
-        let spare = root.join(".git/spare");
-        fs::copy(&index, &spare).expect("spare");
-        let before = fs::read(&spare).expect("read");
-        let mut reader = File::open(&spare).expect("open");
-        let (id, stat) = page(&repo, "wiki/new.md", "new, a longer page than the rest\n");
-        let next = root.join(".git/next");
-        let update = [Update {
-            path: "wiki/new.md",
-            blob: Some(id),
-            stat: Some(&stat),
-        }];
-        let Outcome::Written(_) =
-            write_next_reusing(&index, &next, Some(&spare), &update, false).expect("write")
-        else {
-            panic!("unsupported");
-        };
-        assert!(spare.exists(), "left for the caller to free");
-        let mut seen = Vec::new();
-        reader.read_to_end(&mut seen).expect("read");
-        assert_eq!(
-            seen, before,
-            "the open file did not change under its reader"
-        );
-        assert_ne!(fs::read(&next).expect("read next"), before);
-    }
-
-    /// A spare with another name (a backup made with hard links holds the old
-    /// `.git/index` as its own) is not written into: the other name keeps its bytes.
-    #[test]
-    fn a_spare_index_with_another_name_is_left_as_it_is() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path();
-        let repo = repo(root);
-        if !leases_work(&root.join(".git")) {
-            eprintln!("no write leases on this file system: nothing to check");
-            return;
+    fn a_spare_index_held_open_or_with_another_name_is_left_as_it_is() {
+        for linked in [false, true] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let root = dir.path();
+            let repo = repo(root);
+            let spare = root.join(".git/spare");
+            fs::copy(root.join(".git/index"), &spare).expect("spare");
+            let before = fs::read(&spare).expect("read");
+            let other = root.join("backup-index");
+            let reader = if linked {
+                fs::hard_link(&spare, &other).expect("link");
+                None
+            } else {
+                Some(File::open(&spare).expect("open"))
+            };
+            let (next, _) =
+                rewrite_through_spare(&repo, root, &spare, "new, a longer page than the rest\n");
+            assert!(
+                spare.exists(),
+                "linked {linked}: left for the caller to free"
+            );
+            let seen = match reader {
+                Some(mut file) => {
+                    let mut seen = Vec::new();
+                    file.read_to_end(&mut seen).expect("read");
+                    seen
+                }
+                None => fs::read(&other).expect("read"),
+            };
+            assert_eq!(
+                seen, before,
+                "linked {linked}: what they read did not change"
+            );
+            assert_ne!(fs::read(&next).expect("read next"), before);
         }
-        let index = root.join(".git/index");
-        let spare = root.join(".git/spare");
-        fs::copy(&index, &spare).expect("spare");
-        let backup = root.join("backup-index");
-        fs::hard_link(&spare, &backup).expect("link");
-        let before = fs::read(&backup).expect("read");
-        let (id, stat) = page(&repo, "wiki/new.md", "new, a longer page than the rest\n");
-        let next = root.join(".git/next");
-        let update = [Update {
-            path: "wiki/new.md",
-            blob: Some(id),
-            stat: Some(&stat),
-        }];
-        let Outcome::Written(_) =
-            write_next_reusing(&index, &next, Some(&spare), &update, false).expect("write")
-        else {
-            panic!("unsupported");
-        };
-        assert!(spare.exists(), "left for the caller to free");
-        assert_eq!(
-            fs::read(&backup).expect("read"),
-            before,
-            "the other name's bytes"
-        );
-        assert_ne!(fs::read(&next).expect("read next"), before);
     }
 
     /// A racy entry whose file still has the stat data it records, to the
