@@ -104,6 +104,17 @@ fn head_rev(root: &Path, path: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
+/// Every page in `created` is in HEAD at the rev its write answered.
+fn assert_in_head(root: &Path, created: &[(String, String)]) {
+    for (path, rev) in created {
+        assert_eq!(
+            head_rev(root, path).as_deref(),
+            Some(rev.as_str()),
+            "{path}"
+        );
+    }
+}
+
 fn porcelain(root: &Path) -> BTreeSet<String> {
     git(root, &["status", "--porcelain", "--untracked-files=all"])
         .lines()
@@ -811,13 +822,7 @@ async fn hand_index_changes_between_agent_writes_are_kept_and_nothing_is_staged_
             "after write {n}, entries whose stat data does not match their file: {stat_dirty}"
         );
         assert_eq!(porcelain(&root), expected, "after write {n}");
-        for (path, rev) in &created {
-            assert_eq!(
-                head_rev(&root, path).as_deref(),
-                Some(rev.as_str()),
-                "{path}"
-            );
-        }
+        assert_in_head(&root, &created);
     }
     // A plain commit by hand records exactly what the person staged.
     git(&root, &["add", "notes/later.txt"]);
@@ -894,13 +899,7 @@ async fn the_replaced_index_is_written_into_only_when_no_one_holds_it() -> anyho
             "",
             "after write {n}"
         );
-        for (path, rev) in &created {
-            assert_eq!(
-                head_rev(&root, path).as_deref(),
-                Some(rev.as_str()),
-                "{path}"
-            );
-        }
+        assert_in_head(&root, &created);
     }
     git(&root, &["fsck", "--no-dangling"]);
     Ok(())
