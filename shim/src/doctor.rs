@@ -817,19 +817,29 @@ fn check_entry(
     }
 }
 
+/// The address of `host:port` without a name lookup: an IP address, or `localhost`. The
+/// shim is linked statically (build.rs), where glibc's `getaddrinfo` would load the
+/// machine's NSS modules into it.
+fn loopback_address(authority: &str) -> Option<std::net::SocketAddr> {
+    if let Ok(address) = authority.parse() {
+        return Some(address);
+    }
+    let (host, port) = authority.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    host.eq_ignore_ascii_case("localhost")
+        .then(|| std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
 /// `GET /health` on the host of an `http://host:port/…` URL (open even with tokens on).
 fn probe_health(url: &str) -> Result<(), String> {
     use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
     let Some(rest) = url.strip_prefix("http://") else {
         return Err("not an http:// URL (alexandria serves plain HTTP on loopback)".into());
     };
     let authority = rest.split('/').next().unwrap_or(rest);
-    let address = authority
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addresses| addresses.next())
-        .ok_or_else(|| format!("cannot resolve {authority}"))?;
+    let address = loopback_address(authority).ok_or_else(|| {
+        format!("not checked: {authority} is not an IP address or localhost (alexandria serves HTTP on loopback)")
+    })?;
     let timeout = Duration::from_secs(2);
     let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)
         .map_err(|e| format!("nothing answers at {authority} ({e})"))?;
@@ -972,6 +982,23 @@ fn check_disk(report: &mut Report, home: &Home) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_entries_are_probed_without_a_name_lookup() {
+        let v4 = std::net::SocketAddr::from(([127, 0, 0, 1], 7181));
+        assert_eq!(loopback_address("127.0.0.1:7181"), Some(v4));
+        assert_eq!(loopback_address("LocalHost:7181"), Some(v4));
+        assert_eq!(
+            loopback_address("[::1]:7181"),
+            Some(std::net::SocketAddr::from((
+                std::net::Ipv6Addr::LOCALHOST,
+                7181
+            )))
+        );
+        for other in ["example.com:80", "localhost", "localhost:port", "127.0.0.1"] {
+            assert_eq!(loopback_address(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn utc_stamps() {

@@ -399,6 +399,40 @@ fn a_stale_socket_is_recovered() {
     assert!(process_alive(env.daemon_pid().expect("pid")));
 }
 
+/// Where glibc can be linked statically (its `libc.a` is installed), the shim is a
+/// static-pie binary (shim/build.rs): a running shim maps no shared library.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn the_shim_maps_no_shared_library_where_glibc_links_statically() {
+    let libc = std::process::Command::new("cc")
+        .arg("-print-file-name=libc.a")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let static_glibc = std::path::Path::new(&libc).is_absolute()
+        && std::path::Path::new(&libc).exists()
+        && std::env::var_os("ALEXANDRIA_SHIM_DYNAMIC").is_none();
+    let env = Env::new();
+    env.ok(&["init"]);
+    let mut shim = env.raw_shim(Some("global"));
+    let reply = shim.initialize("2025-11-25");
+    assert_eq!(reply["result"]["protocolVersion"], "2025-11-25");
+    let guide = shim.request(1, "tools/call", json!({"name": "guide", "arguments": {}}));
+    assert!(guide["result"]["structuredContent"].is_object(), "{guide}");
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", shim.child.id())).expect("maps");
+    let libraries: Vec<&str> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.ends_with(".so") || path.contains(".so."))
+        .collect();
+    if static_glibc {
+        assert!(libraries.is_empty(), "the shim maps {libraries:?}");
+    } else {
+        eprintln!("no static glibc here ({libc:?}): the shim is linked dynamically");
+    }
+    assert!(shim.close().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_call_errors_fast_and_the_next_call_works() -> anyhow::Result<()> {
     let env = Env::with_faults("delay:read:5000");
