@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use git2::{FileMode, IndexEntry, IndexTime, Oid, Repository, RepositoryState, Signature};
 
-use super::{Durable, dropped, gitindex};
+use super::{Durable, dropped, gitindex, gittree};
 
 /// What a person is doing in a repository, as far as writes are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -624,20 +624,30 @@ impl<'r> Session<'r> {
     ) -> Result<Oid, GitError> {
         let repo = self.repo;
         let parent = repo.find_commit(parent)?;
-        let mut update = git2::build::TreeUpdateBuilder::new();
-        for (path, entry) in entries {
-            match entry {
-                Entry::Blob { id, .. } => {
-                    update.upsert(path.as_str(), *id, FileMode::Blob);
+        let changes: Vec<gittree::Change<'_>> = entries
+            .iter()
+            .map(|(path, entry)| match entry {
+                Entry::Blob { id, .. } => (path.as_str(), Some(*id)),
+                Entry::Gone => (path.as_str(), None),
+            })
+            .collect();
+        let (tree, trees) = match gittree::update(repo, parent.tree_id(), &changes)? {
+            Some((tree, trees)) => (tree, Some(trees)),
+            // What the daemon's tree writer leaves to libgit2 (and its errors).
+            None => {
+                let mut update = git2::build::TreeUpdateBuilder::new();
+                for &(path, blob) in &changes {
+                    match blob {
+                        Some(id) => update.upsert(path, id, FileMode::Blob),
+                        None => update.remove(path),
+                    };
                 }
-                Entry::Gone => {
-                    update.remove(path.as_str());
-                }
+                (update.create_updated(repo, &parent.tree()?)?, None)
             }
-        }
-        let tree = repo.find_tree(update.create_updated(repo, &parent.tree()?)?)?;
+        };
+        let tree = repo.find_tree(tree)?;
         let id = repo.commit(None, author, committer, message, &tree, &[&parent])?;
-        self.record_objects(id, entries)?;
+        self.record_objects(id, entries, trees)?;
         Ok(id)
     }
 
@@ -666,24 +676,34 @@ impl<'r> Session<'r> {
     }
 
     /// Remember the files commit `id` wrote: its loose objects (the commit, the trees
-    /// along each changed path, the blobs).
-    fn record_objects(&mut self, id: Oid, entries: &[(String, Entry)]) -> Result<(), GitError> {
+    /// along each changed path (`trees` when the daemon wrote them), the blobs).
+    fn record_objects(
+        &mut self,
+        id: Oid,
+        entries: &[(String, Entry)],
+        trees: Option<Vec<Oid>>,
+    ) -> Result<(), GitError> {
         let repo = self.repo;
         let objects = repo.path().join("objects");
         let mut ids = vec![id];
-        let commit = repo.find_commit(id)?;
-        let tree = commit.tree()?;
-        ids.push(tree.id());
-        for (path, entry) in entries {
+        for (_, entry) in entries {
             if let Entry::Blob { id, .. } = entry {
                 ids.push(*id);
             }
-            let mut prefix = Path::new(path.as_str()).parent();
-            while let Some(dir) = prefix.filter(|d| !d.as_os_str().is_empty()) {
-                if let Ok(found) = tree.get_path(dir) {
-                    ids.push(found.id());
+        }
+        if let Some(trees) = trees {
+            ids.extend(trees);
+        } else {
+            let tree = repo.find_commit(id)?.tree()?;
+            ids.push(tree.id());
+            for (path, _) in entries {
+                let mut prefix = Path::new(path.as_str()).parent();
+                while let Some(dir) = prefix.filter(|d| !d.as_os_str().is_empty()) {
+                    if let Ok(found) = tree.get_path(dir) {
+                        ids.push(found.id());
+                    }
+                    prefix = dir.parent();
                 }
-                prefix = dir.parent();
             }
         }
         for id in ids {

@@ -1,6 +1,6 @@
 //! Workspaces on disk: the home layout, each workspace's git repository, path
 //! confinement (`store`), the workspace lock (`lock`), git primitives (`git`), git's index file rewritten
-//! in place of libgit2's (`gitindex`), pages a
+//! in place of libgit2's (`gitindex`), the trees of its commits (`gittree`), pages a
 //! hand `git commit` dropped from HEAD or git's index (`dropped`), names
 //! that collide on case-insensitive file systems (`names`), and what a write flushes
 //! before it is acknowledged (`durable`), and the file watcher every watch of a
@@ -13,6 +13,7 @@ pub mod dropped;
 pub mod durable;
 pub mod git;
 pub mod gitindex;
+pub mod gittree;
 pub mod lock;
 pub mod message;
 pub mod names;
