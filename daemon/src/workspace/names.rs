@@ -31,29 +31,15 @@ pub fn same_when_folded(a: &str, b: &str) -> bool {
 /// with on a case- or normalization-insensitive file system: the first component
 /// that has a sibling spelled differently but folding the same, e.g. `wiki/People`
 /// for `wiki/people/ada.md`. An exact match is not a conflict; `None` when there is
-/// none. Reads only the directories along the path.
+/// none. Reads only the directories along the path (a big one from what `kept`
+/// keeps of it, on Linux).
 pub fn conflicting_path(root: &Path, relative: &str) -> io::Result<Option<String>> {
     let mut dir = root.to_path_buf();
     let mut prefix = String::new();
     for component in relative.split('/').filter(|c| !c.is_empty()) {
-        let entries = match fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
+        let Some((exact, other)) = beside(&dir, component)? else {
+            return Ok(None);
         };
-        let mut exact = false;
-        let mut other = None;
-        for entry in entries {
-            let name = entry?.file_name();
-            let Some(name) = name.to_str() else {
-                continue;
-            };
-            if name == component {
-                exact = true;
-            } else if other.is_none() && same_when_folded(name, component) {
-                other = Some(name.to_string());
-            }
-        }
         if let Some(other) = other {
             return Ok(Some(format!("{prefix}{other}")));
         }
@@ -65,6 +51,298 @@ pub fn conflicting_path(root: &Path, relative: &str) -> io::Result<Option<String
         dir.push(component);
     }
     Ok(None)
+}
+
+/// Whether `dir` holds `component` exactly, and a name that differs from it but folds
+/// the same. None when `dir` does not exist.
+fn beside(dir: &Path, component: &str) -> io::Result<Option<(bool, Option<String>)>> {
+    #[cfg(target_os = "linux")]
+    if let Some(found) = kept::beside(dir, component) {
+        return Ok(Some(found));
+    }
+    let (found, entries) = match read_beside(dir, component) {
+        Ok(read) => read,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    #[cfg(target_os = "linux")]
+    if entries >= kept::KEEP_FROM {
+        kept::keep(dir);
+    }
+    let _ = entries;
+    Ok(Some(found))
+}
+
+/// `beside` by reading the folder; and how many entries it has.
+fn read_beside(dir: &Path, component: &str) -> io::Result<((bool, Option<String>), usize)> {
+    let mut exact = false;
+    let mut other = None;
+    let mut entries = 0;
+    for entry in fs::read_dir(dir)? {
+        entries += 1;
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        if name == component {
+            exact = true;
+        } else if other.is_none() && same_when_folded(name, component) {
+            other = Some(name.to_string());
+        }
+    }
+    Ok(((exact, other), entries))
+}
+
+/// The names of big folders, kept between checks (issue 15): reading a folder of
+/// thousands of pages for every new page was a fifth of the daemon's CPU with 8
+/// writers. A kept folder is exact: an inotify watch on it, added before it is read,
+/// queues every change made to it in the system call that makes it, and the queue is
+/// read and applied before each answer. A folder replaced (its inode changed), moved,
+/// deleted or unmounted, a queue that overflowed, or a file system where inotify may
+/// not see every change (network and FUSE file systems: only local ones are kept) is
+/// read again as before.
+#[cfg(target_os = "linux")]
+mod kept {
+    use std::collections::HashMap;
+    use std::mem::MaybeUninit;
+    use std::os::fd::OwnedFd;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::{Path, PathBuf};
+    use std::sync::{LazyLock, Mutex};
+
+    use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+    use rustix::io::Errno;
+
+    use super::fold;
+
+    /// Folders of this many entries or more are kept.
+    pub const KEEP_FROM: usize = 256;
+    /// Most folders kept at once.
+    const MAX_KEPT: usize = 64;
+
+    struct Folder {
+        wd: i32,
+        dev: u64,
+        ino: u64,
+        /// Folded name → the names that fold to it.
+        names: HashMap<String, Vec<String>>,
+    }
+
+    impl Folder {
+        fn add(&mut self, name: &str) {
+            let same = self.names.entry(fold(name)).or_default();
+            if !same.iter().any(|n| n == name) {
+                same.push(name.to_string());
+            }
+        }
+
+        fn remove(&mut self, name: &str) {
+            let key = fold(name);
+            if let Some(same) = self.names.get_mut(&key) {
+                same.retain(|n| n != name);
+                if same.is_empty() {
+                    self.names.remove(&key);
+                }
+            }
+        }
+    }
+
+    struct Folders {
+        inotify: OwnedFd,
+        dirs: HashMap<PathBuf, Folder>,
+        by_wd: HashMap<i32, PathBuf>,
+    }
+
+    static FOLDERS: LazyLock<Mutex<Option<Folders>>> = LazyLock::new(|| {
+        let inotify = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC).ok();
+        Mutex::new(inotify.map(|inotify| Folders {
+            inotify,
+            dirs: HashMap::new(),
+            by_wd: HashMap::new(),
+        }))
+    });
+
+    fn folders() -> std::sync::MutexGuard<'static, Option<Folders>> {
+        FOLDERS.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    impl Folders {
+        fn forget(&mut self, dir: &Path) {
+            if let Some(folder) = self.dirs.remove(dir) {
+                self.by_wd.remove(&folder.wd);
+                let _ = inotify::remove_watch(&self.inotify, folder.wd);
+            }
+        }
+
+        fn forget_all(&mut self) {
+            let dirs: Vec<PathBuf> = self.dirs.keys().cloned().collect();
+            for dir in dirs {
+                self.forget(&dir);
+            }
+        }
+
+        /// Apply every change queued so far.
+        fn drain(&mut self) {
+            let mut buffer = vec![MaybeUninit::<u8>::uninit(); 16 << 10];
+            let mut events: Vec<(i32, ReadFlags, Option<String>)> = Vec::new();
+            let mut lost = false;
+            {
+                let mut reader = inotify::Reader::new(&self.inotify, &mut buffer);
+                loop {
+                    match reader.next() {
+                        Ok(event) => events.push((
+                            event.wd(),
+                            event.events(),
+                            event
+                                .file_name()
+                                .and_then(|n| n.to_str().ok())
+                                .map(str::to_string),
+                        )),
+                        Err(Errno::AGAIN) => break,
+                        Err(Errno::INTR) => continue,
+                        Err(_) => {
+                            lost = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            for (wd, flags, name) in events {
+                if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                    lost = true;
+                    continue;
+                }
+                let Some(dir) = self.by_wd.get(&wd).cloned() else {
+                    continue;
+                };
+                if flags.intersects(
+                    ReadFlags::IGNORED
+                        | ReadFlags::DELETE_SELF
+                        | ReadFlags::MOVE_SELF
+                        | ReadFlags::UNMOUNT,
+                ) {
+                    self.forget(&dir);
+                    continue;
+                }
+                // Names that are not UTF-8 are not compared (as when reading).
+                let (Some(name), Some(folder)) = (name, self.dirs.get_mut(&dir)) else {
+                    continue;
+                };
+                if flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO) {
+                    folder.add(&name);
+                } else if flags.intersects(ReadFlags::DELETE | ReadFlags::MOVED_FROM) {
+                    folder.remove(&name);
+                }
+            }
+            if lost {
+                self.forget_all();
+            }
+        }
+    }
+
+    /// `super::beside` from the kept names of `dir`, if it is kept.
+    pub fn beside(dir: &Path, component: &str) -> Option<(bool, Option<String>)> {
+        let mut guard = folders();
+        let folders = guard.as_mut()?;
+        if folders.dirs.is_empty() {
+            return None;
+        }
+        folders.drain();
+        let (dev, ino) = {
+            let folder = folders.dirs.get(dir)?;
+            (folder.dev, folder.ino)
+        };
+        match std::fs::metadata(dir) {
+            Ok(m) if m.dev() == dev && m.ino() == ino => {}
+            _ => {
+                folders.forget(dir);
+                return None;
+            }
+        }
+        let folder = folders.dirs.get(dir)?;
+        let same = folder.names.get(&fold(component));
+        let exact = same.is_some_and(|s| s.iter().any(|n| n == component));
+        let other = same.and_then(|s| s.iter().find(|n| *n != component).cloned());
+        Some((exact, other))
+    }
+
+    /// Keep `dir`'s names: watch it, then read it (so every change from the read on is
+    /// queued).
+    pub fn keep(dir: &Path) {
+        let mut guard = folders();
+        let Some(folders) = guard.as_mut() else {
+            return;
+        };
+        if folders.dirs.contains_key(dir) || !local(dir) {
+            return;
+        }
+        if folders.dirs.len() >= MAX_KEPT {
+            folders.forget_all();
+        }
+        let flags = WatchFlags::CREATE
+            | WatchFlags::DELETE
+            | WatchFlags::MOVED_FROM
+            | WatchFlags::MOVED_TO
+            | WatchFlags::DELETE_SELF
+            | WatchFlags::MOVE_SELF
+            | WatchFlags::ONLYDIR
+            | WatchFlags::DONT_FOLLOW;
+        let Ok(wd) = inotify::add_watch(&folders.inotify, dir, flags) else {
+            return;
+        };
+        // A watch on a folder kept under another path (a link) is the same watch.
+        if let Some(other) = folders.by_wd.get(&wd).cloned() {
+            folders.forget(&other);
+            return;
+        }
+        let read = || -> std::io::Result<Folder> {
+            let meta = std::fs::metadata(dir)?;
+            let mut folder = Folder {
+                wd,
+                dev: meta.dev(),
+                ino: meta.ino(),
+                names: HashMap::new(),
+            };
+            for entry in std::fs::read_dir(dir)? {
+                if let Some(name) = entry?.file_name().to_str() {
+                    folder.add(name);
+                }
+            }
+            Ok(folder)
+        };
+        match read() {
+            Ok(folder) => {
+                folders.by_wd.insert(wd, dir.to_path_buf());
+                folders.dirs.insert(dir.to_path_buf(), folder);
+            }
+            Err(_) => {
+                let _ = inotify::remove_watch(&folders.inotify, wd);
+            }
+        }
+    }
+
+    /// A local file system, where inotify sees every change (not NFS, SMB or FUSE,
+    /// whose other clients' changes it never hears of).
+    fn local(dir: &Path) -> bool {
+        const LOCAL: [i64; 6] = [
+            0xEF53,      // ext2/3/4
+            0x5846_5342, // xfs
+            0x9123_683E, // btrfs
+            0x0102_1994, // tmpfs
+            0xF2F5_2010, // f2fs
+            0x2FC1_2FC1, // zfs
+        ];
+        // `f_type`'s width differs between targets.
+        #[allow(clippy::unnecessary_cast)]
+        let local = rustix::fs::statfs(dir).is_ok_and(|s| LOCAL.contains(&(s.f_type as i64)));
+        local
+    }
+
+    /// How many folders are kept (tests).
+    #[cfg(test)]
+    pub fn count() -> usize {
+        folders().as_ref().map_or(0, |f| f.dirs.len())
+    }
 }
 
 #[cfg(test)]
@@ -113,5 +391,100 @@ mod tests {
         assert_eq!(conflict("wiki/People/Ada.md"), None);
         assert_eq!(conflict("wiki/People/Grace.md"), None);
         assert_eq!(conflict("wiki/new/deep/x.md"), None);
+    }
+
+    /// The answer without what `kept` keeps: the folder read now.
+    fn read_now(root: &Path, relative: &str) -> Option<String> {
+        let mut dir = root.to_path_buf();
+        let mut prefix = String::new();
+        for component in relative.split('/') {
+            let ((exact, other), _) = read_beside(&dir, component).ok()?;
+            if let Some(other) = other {
+                return Some(format!("{prefix}{other}"));
+            }
+            if !exact {
+                return None;
+            }
+            prefix.push_str(component);
+            prefix.push('/');
+            dir.push(component);
+        }
+        None
+    }
+
+    /// A kept big folder answers as reading it would, after every kind of change made
+    /// beside the daemon: files created, removed and renamed (in, out and within), the
+    /// folder itself replaced by another at its path.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_kept_folder_answers_as_reading_it_would() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let big = root.join("wiki/big");
+        fs::create_dir_all(&big).expect("mkdir");
+        fs::create_dir_all(root.join("elsewhere")).expect("mkdir");
+        for i in 0..kept::KEEP_FROM + 10 {
+            fs::write(big.join(format!("page-{i}.md")), "x").expect("write");
+        }
+        let before = kept::count();
+        assert_eq!(
+            conflicting_path(root, "wiki/big/new.md").expect("check"),
+            None
+        );
+        assert_eq!(kept::count(), before + 1, "the big folder is kept");
+        let names = [
+            "Ada.md",
+            "ada.md",
+            "caf\u{e9}.md",
+            "cafe\u{301}.md",
+            "B.md",
+            "b.md",
+        ];
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut below = |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        for round in 0..400 {
+            let name = names[below(names.len())];
+            let other = names[below(names.len())];
+            match below(5) {
+                0 | 1 => fs::write(big.join(name), "x").expect("create"),
+                2 => {
+                    let _ = fs::remove_file(big.join(name));
+                }
+                3 => {
+                    let _ = fs::rename(big.join(name), big.join(other));
+                }
+                _ => {
+                    let _ = fs::rename(big.join(name), root.join("elsewhere").join(name));
+                    let _ = fs::rename(root.join("elsewhere").join(other), big.join(other));
+                }
+            }
+            for asked in names {
+                let path = format!("wiki/big/{asked}");
+                assert_eq!(
+                    conflicting_path(root, &path).expect("check"),
+                    read_now(root, &path),
+                    "round {round}: {path}"
+                );
+            }
+        }
+        // The folder replaced by another at its path.
+        fs::rename(&big, root.join("wiki/old")).expect("move away");
+        fs::create_dir_all(&big).expect("mkdir");
+        fs::write(big.join("Grace.md"), "x").expect("write");
+        assert_eq!(
+            conflicting_path(root, "wiki/big/grace.md")
+                .expect("check")
+                .as_deref(),
+            Some("wiki/big/Grace.md")
+        );
+        assert_eq!(
+            conflicting_path(root, "wiki/big/ada.md").expect("check"),
+            None
+        );
     }
 }
