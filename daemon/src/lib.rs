@@ -23,6 +23,8 @@ pub mod mcp;
 pub mod memory;
 pub mod sources;
 pub mod sync;
+#[cfg(test)]
+mod testing;
 pub mod tools;
 pub mod transport;
 pub mod web;

@@ -2262,17 +2262,8 @@ mod tests {
         }
     }
 
-    /// A small xorshift generator: the same pages and queries on every run.
-    struct Random(u64);
-
-    impl Random {
-        fn next(&mut self, below: usize) -> usize {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 % below as u64) as usize
-        }
-    }
+    // The same pages and queries on every run.
+    use crate::testing::Xorshift as Random;
 
     const WORDS: &[&str] = &[
         "the", "the", "the", "of", "of", "and", "wombat", "wombats", "burrow", "digging", "big",
@@ -2285,8 +2276,8 @@ mod tests {
             if section == 1 {
                 text.push_str("\n## Part\n");
             }
-            for _ in 0..(5 + random.next(25)) {
-                text.push_str(WORDS[random.next(WORDS.len())]);
+            for _ in 0..(5 + random.below(25)) {
+                text.push_str(WORDS[random.below(WORDS.len())]);
                 text.push(' ');
             }
             text.push_str(&format!("unique{unique} end.\n"));
@@ -2299,17 +2290,17 @@ mod tests {
     fn cut_phrases(random: &mut Random, pages: &[String]) -> Vec<String> {
         let mut queries = Vec::new();
         for _ in 0..200 {
-            let words: Vec<&str> = pages[random.next(pages.len())]
+            let words: Vec<&str> = pages[random.below(pages.len())]
                 .split(|c: char| !c.is_alphanumeric())
                 .filter(|w| !w.is_empty())
                 .collect();
-            let length = 2 + random.next(3);
+            let length = 2 + random.below(3);
             if words.len() <= length {
                 continue;
             }
-            let from = random.next(words.len() - length);
+            let from = random.below(words.len() - length);
             let mut phrase = words[from..from + length].join(" ");
-            if random.next(4) == 0 {
+            if random.below(4) == 0 {
                 phrase.pop(); // the last word as a prefix
                 queries.push(format!("\"{phrase}\" *"));
             } else {
@@ -2377,9 +2368,9 @@ mod tests {
         queries.push(vec!["the"; 500].join(" "));
         queries.push(format!("{}big kelp{}", "(".repeat(32), ")".repeat(32)));
         for _ in 0..300 {
-            let length = 1 + random.next(5);
+            let length = 1 + random.below(5);
             let query: Vec<&str> = (0..length)
-                .map(|_| pieces[random.next(pieces.len())])
+                .map(|_| pieces[random.below(pieces.len())])
                 .collect();
             queries.push(query.join(" "));
         }

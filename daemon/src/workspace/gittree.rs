@@ -425,18 +425,6 @@ mod tests {
         update.create_updated(repo, &repo.find_tree(base)?)
     }
 
-    /// A small deterministic generator (no dependency for a test).
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: usize) -> usize {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 % n as u64) as usize
-        }
-    }
-
     #[test]
     fn updates_make_the_trees_libgit2_makes() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -453,7 +441,7 @@ mod tests {
             .expect("odb")
             .write(ObjectType::Tree, b"")
             .expect("empty tree");
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = crate::testing::Xorshift(0x9e37_79b9_7f4a_7c15);
         let (mut ours, mut refused) = (0, 0);
         for round in 0..1500 {
             let mut paths: Vec<String> = Vec::new();

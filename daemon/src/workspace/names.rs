@@ -440,13 +440,8 @@ mod tests {
             "B.md",
             "b.md",
         ];
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut below = |n: usize| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng % n as u64) as usize
-        };
+        let mut rng = crate::testing::Xorshift(0x2545_f491_4f6c_dd1d);
+        let mut below = |n: usize| rng.below(n);
         for round in 0..400 {
             let name = names[below(names.len())];
             let other = names[below(names.len())];
