@@ -567,3 +567,65 @@ fn a_prefix_of_many_terms_finds_every_page() {
         assert_eq!(seen, paths(&all), "through the cursor ({when})");
     }
 }
+
+/// Folders changed by hand while the daemon runs: one made elsewhere and moved in at
+/// once (no event comes for its pages), renamed in place, moved out, and a deep one
+/// made and written into. Each is caught up where it is (not by a walk of the whole
+/// workspace), and search follows.
+#[test]
+fn folders_moved_in_renamed_and_moved_out_by_hand_are_followed() {
+    let env = lab_home();
+    let mut session = Session::open(&env);
+    session.write("wiki/seed.md", "# Seed\n\nnothing to find here\n");
+    let root = env.workspace_dir("lab");
+    // Outside the workspaces, on the same file system (a rename, not a copy).
+    let scratch = env.home.join("scratch");
+    std::fs::create_dir_all(scratch.join("trip/days")).expect("mkdir");
+    for n in 0..3 {
+        std::fs::write(
+            scratch.join(format!("trip/days/d{n}.md")),
+            format!("# Day {n}\n\nA wombatfolder day.\n"),
+        )
+        .expect("write");
+    }
+    let under = |folder: &str| -> Vec<String> {
+        (0..3)
+            .map(|n| format!("wiki/{folder}/days/d{n}.md"))
+            .collect()
+    };
+    // Search, and the catalogue's count of pages (those there now and these).
+    let before = session.call("guide", json!({}))["structuredContent"]["wiki_pages"]
+        .as_u64()
+        .expect("wiki_pages");
+    let follows = |session: &mut Session, expected: &[String], what: &str| {
+        let mut seen = (Vec::new(), Value::Null);
+        let followed = wait_until(Duration::from_secs(15), || {
+            seen = (
+                session.found("wombatfolder"),
+                session.call("guide", json!({}))["structuredContent"]["wiki_pages"].clone(),
+            );
+            seen == (expected.to_vec(), json!(before as usize + expected.len()))
+        });
+        assert!(
+            followed,
+            "{what}: {seen:?}, expected {before} + {expected:?}"
+        );
+    };
+    std::fs::rename(scratch.join("trip"), root.join("wiki/trip")).expect("move in");
+    follows(&mut session, &under("trip"), "moved in");
+    std::fs::rename(root.join("wiki/trip"), root.join("wiki/journey")).expect("rename");
+    follows(&mut session, &under("journey"), "renamed");
+    std::fs::rename(root.join("wiki/journey"), scratch.join("journey")).expect("move out");
+    follows(&mut session, &[], "moved out");
+    std::fs::create_dir_all(root.join("wiki/x/y/z")).expect("mkdir");
+    std::fs::write(root.join("wiki/x/y/z/p.md"), "# P\n\nwombatfolder deep\n").expect("write");
+    follows(&mut session, &["wiki/x/y/z/p.md".to_string()], "made deep");
+    // The catalogue agrees: `read` of an old path is not found.
+    session.id += 1;
+    let reply = session.shim.request(
+        session.id,
+        "tools/call",
+        json!({"name": "read", "arguments": {"path": "wiki/trip/days/d0.md"}}),
+    );
+    assert_eq!(error_code(&reply["result"]), Some("not_found"), "{reply}");
+}

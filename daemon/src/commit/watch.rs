@@ -147,12 +147,15 @@ fn full_rescan(store: &Store) {
     }
 }
 
-/// Group event paths by workspace and re-index them; anything unclear (a directory,
-/// a lost event) makes that workspace do a full catch-up.
+/// Group event paths by workspace and re-index them; a folder that appeared or went
+/// away is caught up under it (its pages may have come or gone without an event of
+/// their own); a lost event makes every workspace do a full catch-up.
 fn apply(store: &Store, events: Vec<notify::Result<notify::Event>>) {
     let workspaces_dir = store.home.workspaces_dir();
     let mut paths: HashMap<String, HashSet<String>> = HashMap::new();
-    let mut full: HashSet<String> = HashSet::new();
+    // Folders that appeared or went away (made, moved in or out, copied in): what is
+    // under them is caught up, as no event may come for it.
+    let mut folders: HashMap<String, HashSet<String>> = HashMap::new();
     let mut everything = false;
     for event in events {
         let event = match event {
@@ -175,10 +178,21 @@ fn apply(store: &Store, events: Vec<notify::Result<notify::Event>>) {
             let Some((slug, relative)) = split(&workspaces_dir, &path) else {
                 continue;
             };
-            if path.is_dir() {
-                full.insert(slug);
-            } else {
-                paths.entry(slug).or_default().insert(relative);
+            match std::fs::symlink_metadata(&path) {
+                Ok(metadata) if metadata.is_dir() => {
+                    folders.entry(slug).or_default().insert(relative);
+                }
+                Ok(_) => {
+                    paths.entry(slug).or_default().insert(relative);
+                }
+                // Gone: a file, or a folder whose pages the catalogue still has.
+                Err(_) => {
+                    folders
+                        .entry(slug.clone())
+                        .or_default()
+                        .insert(relative.clone());
+                    paths.entry(slug).or_default().insert(relative);
+                }
             }
         }
     }
@@ -186,15 +200,22 @@ fn apply(store: &Store, events: Vec<notify::Result<notify::Event>>) {
         full_rescan(store);
         return;
     }
-    for slug in &full {
-        if let Err(error) = index::catch_up(store, slug) {
-            tracing::warn!(workspace = %slug, %error, "catch-up failed");
+    for (slug, relatives) in &folders {
+        // A folder inside another one of the set is walked with it.
+        let mut relatives: Vec<&String> = relatives.iter().collect();
+        relatives.sort();
+        let mut last: Option<&String> = None;
+        for relative in relatives {
+            if last.is_some_and(|l| relative.starts_with(&format!("{l}/"))) {
+                continue;
+            }
+            last = Some(relative);
+            if let Err(error) = index::catch_up_under(store, slug, relative) {
+                tracing::warn!(workspace = %slug, folder = %relative, %error, "catch-up failed");
+            }
         }
     }
     for (slug, relatives) in paths {
-        if full.contains(&slug) {
-            continue;
-        }
         let relatives: Vec<String> = relatives.into_iter().collect();
         if let Err(error) = index::refresh_paths(store, &slug, &relatives) {
             tracing::warn!(workspace = %slug, %error, "re-index failed");
