@@ -48,7 +48,12 @@ static SEEN: LazyLock<Mutex<HashMap<PathBuf, Seen>>> = LazyLock::new(Mutex::defa
 
 /// HEAD and the index of `repo` now.
 pub fn seen_now(repo: &Repository) -> Seen {
-    let head = repo.head().ok().and_then(|h| h.target());
+    seen_at(repo, repo.head().ok().and_then(|h| h.target()))
+}
+
+/// `seen_now` with HEAD's commit as the caller just read or wrote it (under git's
+/// index lock): only the index is looked at.
+pub fn seen_at(repo: &Repository, head: Option<Oid>) -> Seen {
     let index = fs::metadata(repo.path().join("index")).ok().map(|m| {
         (
             m.ino(),

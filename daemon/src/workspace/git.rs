@@ -44,6 +44,21 @@ pub enum GitState {
 impl GitState {
     /// Of `repo`, now.
     pub fn of(repo: &Repository) -> GitState {
+        match GitState::in_progress(repo) {
+            GitState::Clean => {}
+            state => return state,
+        }
+        if repo.head_detached().unwrap_or(false) {
+            return GitState::DetachedHead;
+        }
+        match repo.head() {
+            Err(e) if e.code() == git2::ErrorCode::UnbornBranch => GitState::UnbornBranch,
+            _ => GitState::Clean,
+        }
+    }
+
+    /// What git says is in progress (a merge, a rebase...), HEAD left aside.
+    fn in_progress(repo: &Repository) -> GitState {
         match repo.state() {
             RepositoryState::Clean => {}
             RepositoryState::Merge => return GitState::Merge,
@@ -59,13 +74,7 @@ impl GitState {
                 return GitState::Am;
             }
         }
-        if repo.head_detached().unwrap_or(false) {
-            return GitState::DetachedHead;
-        }
-        match repo.head() {
-            Err(e) if e.code() == git2::ErrorCode::UnbornBranch => GitState::UnbornBranch,
-            _ => GitState::Clean,
-        }
+        GitState::Clean
     }
 
     /// Stable name, for `details.git_state` and `guide`.
@@ -527,12 +536,20 @@ impl<'r> Session<'r> {
     /// middle of something in the repository.
     pub fn begin(repo: &'r Repository, timeout: Duration) -> Result<Session<'r>, GitError> {
         let lock = IndexLock::acquire(repo.path(), timeout)?;
-        match GitState::of(repo) {
+        // `GitState::of`, reading HEAD and its branch once each (they were read seven
+        // times per write).
+        match GitState::in_progress(repo) {
             GitState::Clean => {}
             state => return Err(GitError::InUse(state)),
         }
-        let base = repo.refname_to_id(&head_branch(repo)?)?;
-        let verified = dropped::is_known(repo, &dropped::seen_now(repo));
+        let base = match repo.refname_to_id(&head_branch(repo)?) {
+            Ok(base) => base,
+            Err(e) if e.code() == git2::ErrorCode::NotFound => {
+                return Err(GitError::InUse(GitState::UnbornBranch));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let verified = dropped::is_known(repo, &dropped::seen_at(repo, Some(base)));
         Ok(Session {
             repo,
             _lock: lock,
@@ -988,7 +1005,10 @@ impl<'r> Session<'r> {
         let published = moves.then_some(self.tip);
         if self.verified {
             // Still under the index lock: nobody else changed them since.
-            dropped::remember(self.repo, dropped::seen_now(self.repo));
+            // HEAD's branch is where this session left it (or began, if it made no
+            // commit): published under the lock.
+            let head = published.unwrap_or(self.base);
+            dropped::remember(self.repo, dropped::seen_at(self.repo, Some(head)));
         }
         let durable = std::mem::take(&mut self.written);
         // Blanks `.git/alexandria-pending`, then releases the index lock.
@@ -1093,6 +1113,34 @@ mod tests {
                 .expect("commit");
         }
         repo
+    }
+
+    /// A session reads HEAD and its branch once: on a detached HEAD, an unborn branch
+    /// or in a merge it is refused with what is going on, as `GitState::of` says.
+    #[test]
+    fn a_session_is_refused_where_head_is_not_a_branch_with_commits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = repo_with_one_commit(dir.path());
+        let branch = repo.head().expect("head").name().expect("name").to_string();
+        let tip = repo.refname_to_id(&branch).expect("tip");
+        let refused = |repo: &Repository| match Session::begin(repo, Duration::from_secs(1)) {
+            Err(GitError::InUse(state)) => {
+                assert_eq!(state, GitState::of(repo), "as GitState::of says");
+                Some(state)
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => None,
+        };
+        assert_eq!(refused(&repo), None, "on {branch}");
+        repo.set_head_detached(tip).expect("detach");
+        assert_eq!(refused(&repo), Some(GitState::DetachedHead));
+        repo.set_head("refs/heads/not-yet").expect("unborn");
+        assert_eq!(refused(&repo), Some(GitState::UnbornBranch));
+        repo.set_head(&branch).expect("back");
+        std::fs::write(repo.path().join("MERGE_HEAD"), format!("{tip}\n")).expect("merge");
+        assert_eq!(refused(&repo), Some(GitState::Merge));
+        std::fs::remove_file(repo.path().join("MERGE_HEAD")).expect("rm");
+        assert_eq!(refused(&repo), None, "on {branch} again");
     }
 
     #[test]
