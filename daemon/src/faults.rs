@@ -8,6 +8,8 @@
 //! - `delay:capture:<ms>`, `delay:capture_commit:<ms>`: sleep after a source capture
 //!   chose its file names (before moving the files in), or after it moved them (before
 //!   its commit), so a test can put or edit a file there in between.
+//! - `delay:record:<ms>`: sleep after a group of writes is committed to git (git's
+//!   index lock released), before its SQLite record, so a test can run git in between.
 //! - `delay:late:<ms>`: the watcher of replaced pages (`commit/late.rs`) looks only
 //!   every `<ms>`, so a test can kill the daemon before it notices a late save.
 //! - `delay:search-index-commit:<ms>`: sleep before the search index commits a bulk

@@ -208,6 +208,68 @@ async fn hand_commits_between_agent_writes_lose_nothing_with_the_index_hash_skip
     hand_work_between_agent_writes(true).await
 }
 
+/// A `git reset --hard` (or `git stash`) by hand that resolved HEAD before a write's
+/// commit and ends between the commit and the write's record in state.db: the page
+/// leaves the disk and HEAD. The write is acknowledged (it failed with
+/// `not_found`, and so did every write of its group), and the daemon puts the page back
+/// on disk and in HEAD by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_page_a_reset_took_away_before_its_record_is_kept() -> anyhow::Result<()> {
+    let env = lab_env(Env::with_faults("delay:record:1500"));
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    let before = git(&root, &["rev-parse", "HEAD"]).trim().to_string();
+    let text = "# Raced\n\nkept by the daemon\n";
+    let resetter = {
+        let (root, before) = (root.clone(), before.clone());
+        std::thread::spawn(move || {
+            // Once the page is committed (HEAD moved), what a `git reset --hard` that
+            // resolved HEAD before the commit does when it ends: the branch back to
+            // that HEAD ("reset: moving to HEAD"), the index and files as it has them.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if git(&root, &["rev-parse", "HEAD"]).trim() != before {
+                    git(
+                        &root,
+                        &["update-ref", "-m", "reset: moving to HEAD", "HEAD", &before],
+                    );
+                    git(&root, &["read-tree", "-u", "--reset", &before]);
+                    return !root.join("wiki/raced.md").exists();
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            false
+        })
+    };
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": "wiki/raced.md", "content": text}),
+    )
+    .await?;
+    let reset = resetter.join().expect("the reset thread");
+    assert!(reset, "the reset took the page away before its record");
+    assert!(error_code(&created).is_none(), "acknowledged: {created}");
+    let page = root.join("wiki/raced.md");
+    let back = alexandria_tests::wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&page).is_ok_and(|t| t == text)
+            && git_output(&root, &["show", "HEAD:wiki/raced.md"])
+                .stdout
+                .as_slice()
+                == text.as_bytes()
+    });
+    assert!(back, "put back on disk and in HEAD");
+    // Another write goes through as usual.
+    let next = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": "wiki/raced.md", "content": "more"}),
+    )
+    .await?;
+    assert!(error_code(&next).is_none(), "{next}");
+    Ok(())
+}
+
 async fn hand_work_between_agent_writes(skip_hash: bool) -> anyhow::Result<()> {
     let env = lab_env(Env::new());
     let root = env.workspace_dir("lab");

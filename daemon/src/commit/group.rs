@@ -371,6 +371,9 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
         Ok(finished.durable)
     });
     crash_point("after_commit");
+    if let Some(delay) = crate::faults::delay_for("record") {
+        std::thread::sleep(delay);
+    }
     let recorded = committed.and_then(|durable| {
         let mut connection = store.pool.get()?;
         let transaction = crate::db::write_transaction(&mut connection)?;
