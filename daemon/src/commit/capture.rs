@@ -355,7 +355,7 @@ fn complete(
             "UPDATE source_items SET state = 'captured', raw_path = ?2, error = NULL, changed_at = ?3 WHERE id = ?1",
             params![file.item_id, file.path, now],
         )?;
-        index::index_file(&transaction, workspace, &file.path, &root.join(&file.path))?;
+        index::index_or_forget(&transaction, workspace, &file.path, &root.join(&file.path))?;
     }
     transaction.execute(
         "INSERT INTO events(ts, workspace, kind, data) VALUES (?1, ?2, 'source_captured', ?3)",

@@ -453,11 +453,7 @@ fn commit_late(
     let mut connection = store.pool.get()?;
     let transaction = crate::db::write_transaction(&mut connection)?;
     record(&transaction, &root, manifest, None, &outside, now_ms())?;
-    if target.exists() {
-        index::index_file(&transaction, workspace, &manifest.path, &target)?;
-    } else {
-        index::remove_file(&transaction, workspace, &manifest.path)?;
-    }
+    index::index_or_forget(&transaction, workspace, &manifest.path, &target)?;
     transaction.commit()?;
     drop(index);
     drop(lock);

@@ -510,24 +510,14 @@ fn record_run(
         params![now, workspace, json!({"run_id": manifest.run_id, "op": manifest.op, "path": manifest.path, "commit": commit, "client": manifest.client}).to_string()],
     )?;
     if manifest.new_rev.is_some() {
-        match index::index_file(
+        // Not an error when a racing `git reset` took it off the disk: the write is
+        // committed (failing here failed every write of the group, and rolled them back).
+        index::index_or_forget(
             transaction,
             workspace,
             &manifest.path,
             &root.join(&manifest.path),
-        ) {
-            Ok(_) => {}
-            // Gone from the disk since it was committed: a `git reset` or `git stash`
-            // by hand that resolved HEAD before this commit took it away when it
-            // ended. The write is committed (`restore` puts the page back from its
-            // commit); the catalogue follows the disk meanwhile. Failing here failed
-            // every write of the group, and rolled them back.
-            Err(error) if error.code == ErrorCode::NotFound => {
-                tracing::warn!(workspace, path = %manifest.path, "a page gone from the disk right after its commit (a git reset racing it?)");
-                index::remove_file(transaction, workspace, &manifest.path)?;
-            }
-            Err(error) => return Err(error),
-        }
+        )?;
     } else {
         index::remove_file(transaction, workspace, &manifest.path)?;
     }

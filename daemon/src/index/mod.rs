@@ -158,6 +158,30 @@ pub fn index_file(
     Ok(record)
 }
 
+/// `index_file`, or `remove_file` when the file is not there (any more): for a file a
+/// commit just wrote, which a `git reset` or `git stash` by hand that resolved HEAD
+/// before the commit may take off the disk when it ends (`restore` puts it back, and
+/// the watcher indexes it again). The catalogue follows the disk; the commit stands.
+pub fn index_or_forget(
+    connection: &Connection,
+    workspace: &str,
+    path: &str,
+    absolute: &Path,
+) -> ToolResult<()> {
+    match index_file(connection, workspace, path, absolute) {
+        Ok(_) => Ok(()),
+        Err(error) if error.code == alexandria_proto::ErrorCode::NotFound => {
+            tracing::warn!(
+                workspace,
+                path,
+                "a file gone from the disk right after its commit (a git reset racing it?)"
+            );
+            remove_file(connection, workspace, path)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// The file's chunks become `chunks`, written only where they changed: a page
 /// appended to keeps its chunks but the last, and deleting and inserting them all
 /// again cost an append in proportion to the page (at 1,000 appends to one page, a
