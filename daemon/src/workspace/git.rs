@@ -604,7 +604,12 @@ impl<'r> Session<'r> {
         for change in changes {
             let entry = match change.content {
                 Content::Bytes(bytes) => Entry::Blob {
-                    id: repo.blob(bytes)?,
+                    id: super::loose::write(
+                        &repo.path().join("objects"),
+                        git2::ObjectType::Blob,
+                        bytes,
+                    )
+                    .map_err(io("writing a page to git"))?,
                     stat: change.stat.cloned(),
                 },
                 Content::Blob(id) => Entry::Blob {
@@ -663,7 +668,15 @@ impl<'r> Session<'r> {
             }
         };
         let tree = repo.find_tree(tree)?;
-        let id = repo.commit(None, author, committer, message, &tree, &[&parent])?;
+        // The bytes `repo.commit` would write, written by `loose` (no sha1dc, freshening
+        // or pack rescan).
+        let commit = repo.commit_create_buffer(author, committer, message, &tree, &[&parent])?;
+        let id = super::loose::write(
+            &repo.path().join("objects"),
+            git2::ObjectType::Commit,
+            &commit,
+        )
+        .map_err(io("writing a commit"))?;
         self.record_objects(id, entries, trees)?;
         Ok(id)
     }

@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex};
 
 use git2::{ObjectType, Oid, Repository};
 
+use super::loose;
+
 /// Trees kept per repository, in bytes, before they are all let go.
 const KEPT_BYTES: usize = 16 << 20;
 const HASH: usize = 20;
@@ -232,7 +234,8 @@ pub fn update(
         Some(Some(id)) => Some((id, written)),
         // Everything removed: an empty root, as libgit2 writes it.
         Some(None) => {
-            let id = repo.odb()?.write(ObjectType::Tree, b"")?;
+            let id = loose::write(&repo.path().join("objects"), ObjectType::Tree, b"")
+                .map_err(|e| git2::Error::from_str(&format!("writing a tree: {e}")))?;
             written.push(id);
             Some((id, written))
         }
@@ -392,7 +395,12 @@ impl Writer<'_, '_> {
             }
         }
         copy(cursor, tree.entries.len(), &mut out);
-        let id = self.repo.odb()?.write(ObjectType::Tree, &out.bytes)?;
+        let id = loose::write(
+            &self.repo.path().join("objects"),
+            ObjectType::Tree,
+            &out.bytes,
+        )
+        .map_err(|e| git2::Error::from_str(&format!("writing a tree: {e}")))?;
         self.written.push(id);
         self.kept.keep(id, Arc::new(out));
         Ok(Some(Some(id)))

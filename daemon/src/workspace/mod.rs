@@ -1,6 +1,7 @@
 //! Workspaces on disk: the home layout, each workspace's git repository, path
 //! confinement (`store`), the workspace lock (`lock`), git primitives (`git`), git's index file rewritten
-//! in place of libgit2's (`gitindex`), the trees of its commits (`gittree`), pages a
+//! in place of libgit2's (`gitindex`), the trees of its commits (`gittree`) and their
+//! loose objects (`loose`), pages a
 //! hand `git commit` dropped from HEAD or git's index (`dropped`), names
 //! that collide on case-insensitive file systems (`names`), and what a write flushes
 //! before it is acknowledged (`durable`), and the file watcher every watch of a
@@ -15,6 +16,7 @@ pub mod git;
 pub mod gitindex;
 pub mod gittree;
 pub mod lock;
+pub mod loose;
 pub mod message;
 pub mod names;
 pub mod store;
