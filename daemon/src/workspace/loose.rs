@@ -1,12 +1,13 @@
 //! Loose objects written by the daemon (issue 15): the blobs, trees and commits of its
-//! commits,
-//! as libgit2's loose backend writes them (zlib at its fastest level, mode 0444, a
-//! temporary file renamed into place), without what `git_odb_write` does around a
-//! write: it hashes with a collision-detecting SHA-1 (sha1dc), tries to "freshen" an
-//! existing copy (a `utime` that fails for every new object), then re-reads the pack
-//! directory (open, list, `multi-pack-index`) because the object was in no pack it
-//! knew. With 8 writers at 10k pages `git_odb_write` was a fifth of the daemon's CPU
-//! time; the hash, the freshening and the pack rescans were a third of it.
+//! commits, as libgit2's loose backend writes them (zlib at its fastest level, mode
+//! 0444, a temporary file renamed into place), without what `git_odb_write` does
+//! around a write: it tries to "freshen" an existing copy (a `utime` that fails for
+//! every new object), then re-reads the pack directory (open, list,
+//! `multi-pack-index`) because the object was in no pack it knew. With 8 writers at
+//! 10k pages `git_odb_write` was a fifth of the daemon's CPU time.
+//!
+//! The id is libgit2's hash (`Oid::hash_object`): its SHA-1 detects the collision
+//! attacks (SHAttered), so two crafted pages can never pass for one object, as in git.
 //!
 //! An object found loose already is not written again. One that exists only in a pack
 //! is written loose once more: the same content under the same name, which git's next
@@ -21,7 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use flate2::Compression;
 use flate2::write::ZlibEncoder;
 use git2::{ObjectType, Oid};
-use sha1::{Digest, Sha1};
 
 /// Write `data` as a loose object of `kind` into `objects` (a repository's
 /// `.git/objects`); its id, which is git's (`git hash-object`).
@@ -39,11 +39,7 @@ pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
         }
     };
     let header = format!("{name} {}\0", data.len());
-    let digest = Sha1::new()
-        .chain_update(header.as_bytes())
-        .chain_update(data)
-        .finalize();
-    let id = Oid::from_bytes(&digest).map_err(io::Error::other)?;
+    let id = Oid::hash_object(kind, data).map_err(io::Error::other)?;
     let hex = id.to_string();
     let dir = objects.join(&hex[..2]);
     let path = dir.join(&hex[2..]);
