@@ -59,7 +59,8 @@ pub fn release() {
 /// Every `QUIET_CHECK` while no request is in flight, if one was answered within
 /// `TRIM_AFTER_ACTIVITY`: let go of the copies of git's indexes kept for the next write
 /// (`gitindex::release_cached`), the trees kept for the next commit
-/// (`gittree::release_cached`) and the workspaces' open repositories (libgit2's
+/// (`gittree::release_cached`), the names kept of big folders
+/// (`names::release_cached`) and the workspaces' open repositories (libgit2's
 /// object caches: `Store::release_repositories`), and trim (on the blocking pool: it
 /// takes a few milliseconds). An idle daemon does nothing.
 pub async fn release_when_quiet(inflight: Arc<Inflight>, store: Arc<Store>) {
@@ -77,6 +78,7 @@ pub async fn release_when_quiet(inflight: Arc<Inflight>, store: Arc<Store>) {
             // The copies of git's indexes kept for the next write go first.
             crate::workspace::gitindex::release_cached();
             crate::workspace::gittree::release_cached();
+            crate::workspace::names::release_cached();
             let store = Arc::clone(&store);
             let _ = tokio::task::spawn_blocking(move || {
                 store.release_repositories();

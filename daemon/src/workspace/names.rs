@@ -53,6 +53,14 @@ pub fn conflicting_path(root: &Path, relative: &str) -> io::Result<Option<String
     Ok(None)
 }
 
+/// Let go of the names kept of big folders (the daemon has gone quiet): two strings
+/// per entry of each, which grew with every page a long run of writes added. The next
+/// write into one reads it again.
+pub fn release_cached() {
+    #[cfg(target_os = "linux")]
+    kept::release();
+}
+
 /// Whether `dir` holds `component` exactly, and a name that differs from it but folds
 /// the same. None when `dir` does not exist.
 fn beside(dir: &Path, component: &str) -> io::Result<Option<(bool, Option<String>)>> {
@@ -338,6 +346,15 @@ mod kept {
         local
     }
 
+    /// Forget every kept folder, and the room their maps took.
+    pub fn release() {
+        if let Some(folders) = folders().as_mut() {
+            folders.forget_all();
+            folders.dirs.shrink_to_fit();
+            folders.by_wd.shrink_to_fit();
+        }
+    }
+
     /// How many folders are kept (tests).
     #[cfg(test)]
     pub fn count() -> usize {
@@ -480,6 +497,15 @@ mod tests {
         assert_eq!(
             conflicting_path(root, "wiki/big/ada.md").expect("check"),
             None
+        );
+        // Let go when the daemon goes quiet: read again, the same answers.
+        release_cached();
+        assert_eq!(kept::count(), 0, "nothing kept");
+        assert_eq!(
+            conflicting_path(root, "wiki/big/grace.md")
+                .expect("check")
+                .as_deref(),
+            Some("wiki/big/Grace.md")
         );
     }
 }
