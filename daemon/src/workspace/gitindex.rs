@@ -1901,6 +1901,18 @@ mod tests {
         }
     }
 
+    /// `repo` in a temporary folder whose file system grants write leases (None, and a
+    /// word on stderr, where it does not: the spare is never written into there).
+    fn repo_with_leases() -> Option<(tempfile::TempDir, git2::Repository)> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = repo(dir.path());
+        if !leases_work(&dir.path().join(".git")) {
+            eprintln!("no write leases on this file system: nothing to check");
+            return None;
+        }
+        Some((dir, repo))
+    }
+
     /// The daemon writes `wiki/new.md` (`text`) and rewrites the index of `root`'s
     /// repository with it, through `spare`: where the next index is, and its `Written`.
     fn rewrite_through_spare(
@@ -1927,13 +1939,10 @@ mod tests {
     /// it open: the new index is that file (same inode), and git reads it whole.
     #[test]
     fn an_index_replaced_earlier_is_written_into_when_no_one_holds_it() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path();
-        let repo = repo(root);
-        if !leases_work(&root.join(".git")) {
-            eprintln!("no write leases on this file system: nothing to check");
+        let Some((dir, repo)) = repo_with_leases() else {
             return;
-        }
+        };
+        let root = dir.path();
         let index = root.join(".git/index");
         let listed = git(root, &["ls-files"]);
         let spare = root.join(".git/spare");
@@ -1983,13 +1992,10 @@ mod tests {
     #[test]
     fn rewrites_written_only_where_they_differ_are_what_libgit2_writes() {
         for skip_hash in [false, true] {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let root = dir.path();
-            let repo = repo(root);
-            if !leases_work(&root.join(".git")) {
-                eprintln!("no write leases on this file system: nothing to check");
+            let Some((dir, repo)) = repo_with_leases() else {
                 return;
-            }
+            };
+            let root = dir.path();
             let index = root.join(".git/index");
             let theirs = root.join(".git/index-libgit2");
             // Enough entries that a change in one place leaves most of the file as it was.
