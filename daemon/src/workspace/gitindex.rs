@@ -1253,33 +1253,8 @@ fn invalidate(nodes: &mut [Node<'_>], path: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{git, git_with};
     use std::borrow::Cow;
-    use std::process::Command;
-
-    fn git(dir: &Path, args: &[&str]) -> String {
-        git_with(dir, args, None)
-    }
-
-    /// Run git in `dir` (reading `index` instead of `.git/index` when given).
-    fn git_with(dir: &Path, args: &[&str], index: Option<&Path>) -> String {
-        let mut command = Command::new("git");
-        command
-            .current_dir(dir)
-            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-            .args(args)
-            .env_remove("GIT_DIR")
-            .env_remove("GIT_INDEX_FILE");
-        if let Some(index) = index {
-            command.env("GIT_INDEX_FILE", index);
-        }
-        let output = command.output().expect("git runs");
-        assert!(
-            output.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
 
     /// A repository with pages in a few directories, committed by git (so its index has
     /// a cache tree), and a file a person staged.

@@ -164,15 +164,9 @@ mod tests {
             .filter(|p| p.to_string_lossy().contains("tmp_obj"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
-        let fsck = std::process::Command::new("git")
-            .args(["fsck", "--strict", "--unreachable", "--no-dangling"])
-            .current_dir(dir.path())
-            .output()
-            .expect("git");
-        assert!(
-            fsck.status.success(),
-            "{}",
-            String::from_utf8_lossy(&fsck.stderr)
+        crate::testing::git(
+            dir.path(),
+            &["fsck", "--strict", "--unreachable", "--no-dangling"],
         );
         assert!(write(&objects, ObjectType::Any, b"x").is_err());
     }
