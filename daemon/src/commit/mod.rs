@@ -728,18 +728,29 @@ impl Page<'_, '_> {
         let manifest = self.manifest;
         // The session's newest commit (earlier writes of the group are on it; HEAD's
         // branch moves when the session finishes).
-        let head = self.session.tip().map_err(git_error)?;
-        self.committed = head
-            .tree()
+        self.committed = self
+            .session
+            .tip_entry(&manifest.path)
             .ok()
-            .and_then(|t| t.get_path(Path::new(&manifest.path)).ok())
-            .map(|e| e.id().to_string());
+            .flatten()
+            .map(|id| id.to_string());
         // Versions the swaps of a dead daemon replaced, that git does not have yet.
         let recovered = self.commit_kept()?;
         // Committed before a crash (on top, or below later runs of its group); the
-        // index may not have followed.
+        // index may not have followed. The newest commit, when this session made it,
+        // is known without reading it.
         let depth = if self.recovering { RECOVERY_DEPTH } else { 1 };
-        if let Some(found) = run_commit(&head, &manifest.run_id, depth) {
+        let found = match self.session.tip_message() {
+            Some(message) if depth == 1 => {
+                message::names_run(message, &manifest.run_id).then(|| self.session.tip_id())
+            }
+            _ => run_commit(
+                &self.session.tip().map_err(git_error)?,
+                &manifest.run_id,
+                depth,
+            ),
+        };
+        if let Some(found) = found {
             self.changed.set(true);
             self.session
                 .stage_head_version(&manifest.path)

@@ -449,6 +449,9 @@ pub struct Session<'r> {
     pending: Option<File>,
     /// Object files, refs and the index this session wrote: what must be flushed.
     written: Durable,
+    /// The last commit the session made, and its tree (read without reading the
+    /// commit).
+    made: Option<(Oid, Oid)>,
     /// HEAD and the index were as the daemon last saw them consistent when the session
     /// began (or were checked since): what `finish` leaves is consistent too
     /// (`dropped`).
@@ -560,6 +563,7 @@ impl<'r> Session<'r> {
             touched: BTreeMap::new(),
             pending: None,
             written: Durable::default(),
+            made: None,
             verified,
         })
     }
@@ -588,6 +592,42 @@ impl<'r> Session<'r> {
     /// itself does not move before).
     pub fn tip(&self) -> Result<git2::Commit<'r>, GitError> {
         Ok(self.repo.find_commit(self.tip)?)
+    }
+
+    /// The id of the session's newest commit.
+    pub fn tip_id(&self) -> Oid {
+        self.tip
+    }
+
+    /// The tree of `commit`.
+    fn tree_of(&self, commit: Oid) -> Result<Oid, GitError> {
+        match self.made {
+            Some((made, tree)) if made == commit => Ok(tree),
+            _ => Ok(self.repo.find_commit(commit)?.tree_id()),
+        }
+    }
+
+    /// The id of what `path` names in the session's newest commit (None: nothing, or
+    /// not a path there).
+    pub fn tip_entry(&self, path: &str) -> Result<Option<Oid>, GitError> {
+        let root = self.tree_of(self.tip)?;
+        if let Some(found) = gittree::entry_at(self.repo, root, path)? {
+            return Ok(found);
+        }
+        match self.repo.find_tree(root)?.get_path(Path::new(path)) {
+            Ok(entry) => Ok(Some(entry.id())),
+            Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The message of the session's newest commit when the session made it (None: the
+    /// branch's own commit, or one moved to: read it with `tip`).
+    pub fn tip_message(&self) -> Option<&str> {
+        match self.chain.last() {
+            Some(Link::Commit { id, message, .. }) if *id == self.tip => Some(message),
+            _ => None,
+        }
     }
 
     /// Commit `changes` on top of the session's newest commit. Returns the commit id
@@ -645,7 +685,7 @@ impl<'r> Session<'r> {
         committer: &Signature<'_>,
     ) -> Result<Oid, GitError> {
         let repo = self.repo;
-        let parent = repo.find_commit(parent)?;
+        let base = self.tree_of(parent)?;
         let changes: Vec<gittree::Change<'_>> = entries
             .iter()
             .map(|(path, entry)| match entry {
@@ -653,7 +693,7 @@ impl<'r> Session<'r> {
                 Entry::Gone => (path.as_str(), None),
             })
             .collect();
-        let (tree, trees) = match gittree::update(repo, parent.tree_id(), &changes)? {
+        let (tree, trees) = match gittree::update(repo, base, &changes)? {
             Some((tree, trees)) => (tree, Some(trees)),
             // What the daemon's tree writer leaves to libgit2 (and its errors).
             None => {
@@ -664,19 +704,19 @@ impl<'r> Session<'r> {
                         None => update.remove(path),
                     };
                 }
-                (update.create_updated(repo, &parent.tree()?)?, None)
+                (update.create_updated(repo, &repo.find_tree(base)?)?, None)
             }
         };
-        let tree = repo.find_tree(tree)?;
-        // The bytes `repo.commit` would write, written by `loose` (no sha1dc, freshening
-        // or pack rescan).
-        let commit = repo.commit_create_buffer(author, committer, message, &tree, &[&parent])?;
+        // The bytes `repo.commit` would write, written by `loose` (no freshening or pack
+        // rescan), without reading the parent and the tree back as libgit2 does.
+        let commit = super::loose::commit_bytes(tree, &[parent], author, committer, message);
         let id = super::loose::write(
             &repo.path().join("objects"),
             git2::ObjectType::Commit,
             &commit,
         )
         .map_err(io("writing a commit"))?;
+        self.made = Some((id, tree));
         self.record_objects(id, entries, trees)?;
         Ok(id)
     }
@@ -749,14 +789,9 @@ impl<'r> Session<'r> {
     /// commit made by an earlier session that crashed before its index was written, or
     /// a roll-back).
     pub fn stage_head_version(&mut self, path: &str) -> Result<(), GitError> {
-        let tree = self.tip()?.tree()?;
-        let entry = match tree.get_path(Path::new(path)) {
-            Ok(entry) => Entry::Blob {
-                id: entry.id(),
-                stat: None,
-            },
-            Err(e) if e.code() == git2::ErrorCode::NotFound => Entry::Gone,
-            Err(e) => return Err(e.into()),
+        let entry = match self.tip_entry(path)? {
+            Some(id) => Entry::Blob { id, stat: None },
+            None => Entry::Gone,
         };
         self.touched.insert(path.to_string(), entry);
         Ok(())

@@ -76,10 +76,158 @@ pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
     Ok(id)
 }
 
+/// The bytes of a commit object, as libgit2's `git_commit_create_buffer` prints them
+/// (no encoding header, the message as given), from ids the caller knows: libgit2's
+/// needs the tree and the parents as objects, read from the repository, though it
+/// prints only their ids.
+pub fn commit_bytes(
+    tree: Oid,
+    parents: &[Oid],
+    author: &git2::Signature<'_>,
+    committer: &git2::Signature<'_>,
+    message: &str,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + message.len());
+    let mut line = |field: &str, value: &[u8]| {
+        out.extend_from_slice(field.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(value);
+        out.push(b'\n');
+    };
+    line("tree", tree.to_string().as_bytes());
+    for parent in parents {
+        line("parent", parent.to_string().as_bytes());
+    }
+    for (field, signature) in [("author", author), ("committer", committer)] {
+        let when = signature.when();
+        let offset = when.offset_minutes();
+        let sign = if offset < 0 || when.sign() == '-' {
+            '-'
+        } else {
+            '+'
+        };
+        let offset = offset.unsigned_abs();
+        let mut value = signature.name_bytes().to_vec();
+        value.extend_from_slice(b" <");
+        value.extend_from_slice(signature.email_bytes());
+        // libgit2 prints the time as an unsigned 32-bit number.
+        value.extend_from_slice(
+            format!(
+                "> {} {sign}{:02}{:02}",
+                when.seconds() as u32,
+                offset / 60,
+                offset % 60
+            )
+            .as_bytes(),
+        );
+        line(field, &value);
+    }
+    out.push(b'\n');
+    out.extend_from_slice(message.as_bytes());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A commit's bytes are libgit2's for the same tree, parents, signatures and
+    /// message (time zones either side of UTC, several parents or none).
+    #[test]
+    fn commit_bytes_are_libgit2s() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = git2::Repository::init(dir.path()).expect("init");
+        let tree = repo
+            .find_tree(
+                repo.treebuilder(None)
+                    .expect("builder")
+                    .write()
+                    .expect("tree"),
+            )
+            .expect("tree");
+        let first = git2::Signature::new("a", "a@x", &git2::Time::new(1_700_000_000, 0))
+            .expect("signature");
+        let parent = repo
+            .find_commit(
+                repo.commit(None, &first, &first, "first\n", &tree, &[])
+                    .expect("commit"),
+            )
+            .expect("commit");
+        let other = repo
+            .find_commit(
+                repo.commit(None, &first, &first, "other", &tree, &[&parent])
+                    .expect("commit"),
+            )
+            .expect("commit");
+        let cases: [(&str, &str, i64, i32, &str, Vec<&git2::Commit<'_>>); 5] = [
+            (
+                "alexandria",
+                "alexandria@localhost",
+                1_764_000_000,
+                0,
+                "one\n",
+                vec![&parent],
+            ),
+            (
+                "Claude Code (agent)",
+                "agent@alexandria.local",
+                1_764_000_123,
+                60,
+                "t\n\nbody",
+                vec![&other],
+            ),
+            ("x", "y@z", 12, -330, "", vec![]),
+            (
+                "É l'auteur",
+                "e@x",
+                2_000_000_000,
+                -60,
+                "merge\n",
+                vec![&parent, &other],
+            ),
+            ("n", "e", 1_764_000_000, 765, "no newline", vec![&parent]),
+        ];
+        // An author read from a commit written as `-0000` (git's "time zone unknown").
+        let raw = format!(
+            "tree {}\nauthor u <u@x> 1764000000 -0000\ncommitter u <u@x> 1764000000 -0000\n\nm\n",
+            tree.id()
+        );
+        let unknown = repo
+            .odb()
+            .expect("odb")
+            .write(ObjectType::Commit, raw.as_bytes())
+            .expect("commit");
+        let unknown = repo.find_commit(unknown).expect("commit");
+        assert_eq!(unknown.author().when().sign(), '-');
+        let mut authors: Vec<git2::Signature<'_>> = cases
+            .iter()
+            .map(|&(name, email, seconds, offset, ..)| {
+                git2::Signature::new(name, email, &git2::Time::new(seconds, offset))
+                    .expect("signature")
+            })
+            .collect();
+        authors[4] = unknown.author().to_owned();
+        for ((name, _, _, offset, message, parents), author) in cases.into_iter().zip(authors) {
+            let committer =
+                git2::Signature::now("alexandria", "alexandria@localhost").expect("signature");
+            let expected = repo
+                .commit_create_buffer(&author, &committer, message, &tree, &parents)
+                .expect("libgit2's buffer");
+            let ids: Vec<Oid> = parents.iter().map(|p| p.id()).collect();
+            assert_eq!(
+                String::from_utf8_lossy(&commit_bytes(
+                    tree.id(),
+                    &ids,
+                    &author,
+                    &committer,
+                    message
+                )),
+                String::from_utf8_lossy(&expected),
+                "{name} {offset}"
+            );
+        }
+    }
 
     /// Blobs and trees of every size come out with git's ids, readable by libgit2 with
     /// their content, as files git accepts (`git fsck`); written again, nothing changes.
