@@ -160,7 +160,16 @@ mod tests {
                     .expect("commit"),
             )
             .expect("commit");
-        let cases: [(&str, &str, i64, i32, &str, Vec<&git2::Commit<'_>>); 5] = [
+        // name, email, seconds, offset (minutes), message, parents
+        type Case<'c> = (
+            &'c str,
+            &'c str,
+            i64,
+            i32,
+            &'c str,
+            Vec<&'c git2::Commit<'c>>,
+        );
+        let cases: [Case<'_>; 5] = [
             (
                 "alexandria",
                 "alexandria@localhost",
