@@ -60,7 +60,8 @@ pub fn release() {
 /// `TRIM_AFTER_ACTIVITY`: let go of the copies of git's indexes kept for the next write
 /// (`gitindex::release_cached`), the trees kept for the next commit
 /// (`gittree::release_cached`), the names kept of big folders
-/// (`names::release_cached`) and the workspaces' open repositories (libgit2's
+/// (`names::release_cached`), the kept zlib compressors (`loose::release_cached`) and
+/// the workspaces' open repositories (libgit2's
 /// object caches: `Store::release_repositories`), and trim (on the blocking pool: it
 /// takes a few milliseconds). An idle daemon does nothing.
 pub async fn release_when_quiet(inflight: Arc<Inflight>, store: Arc<Store>) {
@@ -79,6 +80,7 @@ pub async fn release_when_quiet(inflight: Arc<Inflight>, store: Arc<Store>) {
             crate::workspace::gitindex::release_cached();
             crate::workspace::gittree::release_cached();
             crate::workspace::names::release_cached();
+            crate::workspace::loose::release_cached();
             let store = Arc::clone(&store);
             let _ = tokio::task::spawn_blocking(move || {
                 store.release_repositories();

@@ -17,11 +17,81 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use flate2::Compression;
-use flate2::write::ZlibEncoder;
+use flate2::{Compress, Compression, FlushCompress, Status};
 use git2::{ObjectType, Oid};
+
+/// Compressors kept for the next objects (at most `KEPT_COMPRESSORS`). A new one
+/// allocates and zeroes about 300 KB of tables, and flate2's `ZlibEncoder` writer
+/// compressed through a buffer of its own: for the 86 KB tree of a folder of 2,000
+/// pages that was 0.40 ms against 0.26 ms with a compressor kept and compressing into
+/// the output directly.
+static COMPRESSORS: Mutex<Vec<Compress>> = Mutex::new(Vec::new());
+const KEPT_COMPRESSORS: usize = 2;
+
+/// Let go of the kept compressors (the daemon has gone quiet).
+pub fn release_cached() {
+    COMPRESSORS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+}
+
+/// `header` then `data` as one zlib stream, at zlib's fastest level (what libgit2's
+/// loose backend writes).
+fn deflate(header: &[u8], data: &[u8]) -> io::Result<Vec<u8>> {
+    let kept = COMPRESSORS.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let mut compressor = match kept {
+        Some(mut compressor) => {
+            compressor.reset();
+            compressor
+        }
+        None => Compress::new(Compression::fast(), true),
+    };
+    let mut out = Vec::with_capacity((header.len() + data.len()) / 2 + 128);
+    let result = feed(&mut compressor, header, &mut out, FlushCompress::None)
+        .and_then(|()| feed(&mut compressor, data, &mut out, FlushCompress::Finish));
+    if result.is_ok() {
+        let mut kept = COMPRESSORS.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < KEPT_COMPRESSORS {
+            kept.push(compressor);
+        }
+    }
+    result.map(|()| out)
+}
+
+/// Compress all of `input` into `out` (growing it as needed); with `Finish`, until the
+/// stream ends.
+fn feed(
+    compressor: &mut Compress,
+    mut input: &[u8],
+    out: &mut Vec<u8>,
+    flush: FlushCompress,
+) -> io::Result<()> {
+    loop {
+        if out.capacity() - out.len() < 64 {
+            out.reserve(out.capacity().max(4096));
+        }
+        let before = compressor.total_in();
+        let status = compressor
+            .compress_vec(input, out, flush)
+            .map_err(io::Error::other)?;
+        let consumed = usize::try_from(compressor.total_in() - before).map_err(io::Error::other)?;
+        input = &input[consumed.min(input.len())..];
+        match status {
+            Status::StreamEnd => return Ok(()),
+            _ if flush == FlushCompress::None && input.is_empty() => return Ok(()),
+            // Out of room (BufError), or more to come: grow and go on.
+            _ => {
+                if out.capacity() - out.len() < 4096 {
+                    out.reserve(out.capacity().max(4096));
+                }
+            }
+        }
+    }
+}
 
 /// Write `data` as a loose object of `kind` into `objects` (a repository's
 /// `.git/objects`); its id, which is git's (`git hash-object`).
@@ -46,11 +116,7 @@ pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
     if fs::symlink_metadata(&path).is_ok() {
         return Ok(id);
     }
-    let mut encoder =
-        ZlibEncoder::new(Vec::with_capacity(data.len() / 2 + 64), Compression::fast());
-    encoder.write_all(header.as_bytes())?;
-    encoder.write_all(data)?;
-    let compressed = encoder.finish()?;
+    let compressed = deflate(header.as_bytes(), data)?;
     match fs::create_dir(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
@@ -284,6 +350,41 @@ mod tests {
                 "not written again"
             );
             blobs.push(id);
+        }
+        // Incompressible data (the stream outgrows the room first given to it), from
+        // threads at once (they share the kept compressors), some after letting the
+        // kept ones go.
+        let written: Vec<(Oid, Vec<u8>)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let objects = &objects;
+                    scope.spawn(move || {
+                        let mut random = crate::testing::Xorshift(0x5eed + t);
+                        (0..12)
+                            .map(|i| {
+                                if i == 6 {
+                                    release_cached();
+                                }
+                                let size = [10, 5_000, 70_000, 2_000_000][random.below(4)];
+                                let data: Vec<u8> =
+                                    (0..size).map(|_| random.below(256) as u8).collect();
+                                let id = write(objects, ObjectType::Blob, &data).expect("write");
+                                (id, data)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("thread"))
+                .collect()
+        });
+        for (id, data) in &written {
+            assert_eq!(
+                repo.find_blob(*id).expect("libgit2 reads it").content(),
+                &data[..]
+            );
         }
         // A tree naming them, as libgit2 would make it.
         let mut builder = repo.treebuilder(None).expect("builder");
