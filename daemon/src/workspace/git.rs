@@ -603,7 +603,10 @@ impl<'r> Session<'r> {
     fn tree_of(&self, commit: Oid) -> Result<Oid, GitError> {
         match self.made {
             Some((made, tree)) if made == commit => Ok(tree),
-            _ => Ok(self.repo.find_commit(commit)?.tree_id()),
+            _ => match gittree::remembered_tree(self.repo, commit) {
+                Some(tree) => Ok(tree),
+                None => Ok(self.repo.find_commit(commit)?.tree_id()),
+            },
         }
     }
 
@@ -717,6 +720,7 @@ impl<'r> Session<'r> {
         )
         .map_err(io("writing a commit"))?;
         self.made = Some((id, tree));
+        gittree::remember_commit(repo, id, tree);
         self.record_objects(id, entries, trees)?;
         Ok(id)
     }

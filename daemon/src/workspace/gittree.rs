@@ -151,6 +151,8 @@ fn plain_name(name: &[u8]) -> bool {
 struct Kept {
     trees: HashMap<Oid, Arc<Tree>>,
     bytes: usize,
+    /// The daemon's last commit and its tree (the next session's base, usually).
+    commit: Option<(Oid, Oid)>,
 }
 
 impl Kept {
@@ -184,6 +186,24 @@ impl Kept {
 }
 
 static KEPT: Mutex<BTreeMap<PathBuf, Kept>> = Mutex::new(BTreeMap::new());
+
+/// Remember that `commit`'s tree is `tree` (a commit the daemon just made).
+pub fn remember_commit(repo: &Repository, commit: Oid, tree: Oid) {
+    KEPT.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(repo.path().to_path_buf())
+        .or_default()
+        .commit = Some((commit, tree));
+}
+
+/// The tree of `commit` if it is the last one `remember_commit` was told of.
+pub fn remembered_tree(repo: &Repository, commit: Oid) -> Option<Oid> {
+    KEPT.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(repo.path())
+        .and_then(|kept| kept.commit)
+        .and_then(|(made, tree)| (made == commit).then_some(tree))
+}
 
 /// Let go of every kept tree (the daemon has gone quiet).
 pub fn release_cached() {
