@@ -612,6 +612,10 @@ pub fn open(path: &Path, busy_timeout: Duration) -> Result<Pool, DbError> {
              PRAGMA foreign_keys = ON;
              PRAGMA temp_store = MEMORY;",
         )?;
+        // A write runs about 20 distinct statements (the run's rows, the page's chunks
+        // and citations, the search overlay): rusqlite's default 16 made them evict
+        // each other and be prepared again.
+        connection.set_prepared_statement_cache_capacity(48);
         connection.busy_timeout(busy_timeout)
     };
     let unusable = |source: rusqlite::Error| DbError::Unusable {

@@ -455,10 +455,10 @@ fn record(
 ) -> ToolResult<()> {
     let workspace = &manifest.workspace;
     for version in outside {
-        transaction.execute(
+        transaction.prepare_cached(
             "INSERT OR IGNORE INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id, previous_commit)
-             VALUES (?1, ?2, NULL, ?3, ?4, ?5, 'outside', ?6, ?7)",
-            params![
+             VALUES (?1, ?2, NULL, ?3, ?4, ?5, 'outside', ?6, ?7)")?
+            .execute(params![
                 now,
                 workspace,
                 version.op,
@@ -485,29 +485,26 @@ fn record_run(
 ) -> ToolResult<()> {
     let workspace = &manifest.workspace;
     let already: bool = transaction
-        .query_row(
-            "SELECT count(*) FROM runs WHERE workspace = ?1 AND run_id = ?2",
-            params![workspace, manifest.run_id],
-            |r| r.get::<_, i64>(0),
-        )
+        .prepare_cached("SELECT count(*) FROM runs WHERE workspace = ?1 AND run_id = ?2")?
+        .query_row(params![workspace, manifest.run_id], |r| r.get::<_, i64>(0))
         .map(|n| n > 0)?;
     if already {
         return Ok(());
     }
-    transaction.execute(
+    transaction.prepare_cached(
         "INSERT INTO runs(run_id, workspace, tool, client, session, state, started_at, finished_at, commit_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, 'committed', ?6, ?7, ?8)",
-        params![manifest.run_id, workspace, manifest.tool, manifest.client, manifest.session, manifest.started_at, now, commit],
+         VALUES (?1, ?2, ?3, ?4, ?5, 'committed', ?6, ?7, ?8)")?
+        .execute(params![manifest.run_id, workspace, manifest.tool, manifest.client, manifest.session, manifest.started_at, now, commit],
     )?;
     // OR IGNORE: a history import from git may have recorded this commit already.
-    transaction.execute(
+    transaction.prepare_cached(
         "INSERT OR IGNORE INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, commit_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'agent', ?7)",
-        params![now, workspace, manifest.run_id, manifest.op, manifest.path, manifest.summary, commit],
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'agent', ?7)")?
+        .execute(params![now, workspace, manifest.run_id, manifest.op, manifest.path, manifest.summary, commit],
     )?;
-    transaction.execute(
-        "INSERT INTO events(ts, workspace, kind, data) VALUES (?1, ?2, 'run_committed', ?3)",
-        params![now, workspace, json!({"run_id": manifest.run_id, "op": manifest.op, "path": manifest.path, "commit": commit, "client": manifest.client}).to_string()],
+    transaction.prepare_cached(
+        "INSERT INTO events(ts, workspace, kind, data) VALUES (?1, ?2, 'run_committed', ?3)")?
+        .execute(params![now, workspace, json!({"run_id": manifest.run_id, "op": manifest.op, "path": manifest.path, "commit": commit, "client": manifest.client}).to_string()],
     )?;
     if manifest.new_rev.is_some() {
         // Not an error when a racing `git reset` took it off the disk: the write is
