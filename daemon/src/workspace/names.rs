@@ -36,8 +36,12 @@ pub fn same_when_folded(a: &str, b: &str) -> bool {
 pub fn conflicting_path(root: &Path, relative: &str) -> io::Result<Option<String>> {
     let mut dir = root.to_path_buf();
     let mut prefix = String::new();
-    for component in relative.split('/').filter(|c| !c.is_empty()) {
-        let Some((exact, other)) = beside(&dir, component)? else {
+    let components: Vec<&str> = relative.split('/').filter(|c| !c.is_empty()).collect();
+    for (i, component) in components.iter().copied().enumerate() {
+        // The folders above the page's own are read by every write below them (the
+        // workspace's root, `wiki`): kept whatever their size.
+        let above = i + 1 < components.len();
+        let Some((exact, other)) = beside(&dir, component, above)? else {
             return Ok(None);
         };
         if let Some(other) = other {
@@ -62,8 +66,8 @@ pub fn release_cached() {
 }
 
 /// Whether `dir` holds `component` exactly, and a name that differs from it but folds
-/// the same. None when `dir` does not exist.
-fn beside(dir: &Path, component: &str) -> io::Result<Option<(bool, Option<String>)>> {
+/// the same. None when `dir` does not exist. `keep`: keep its names whatever its size.
+fn beside(dir: &Path, component: &str, keep: bool) -> io::Result<Option<(bool, Option<String>)>> {
     #[cfg(target_os = "linux")]
     if let Some(found) = kept::beside(dir, component) {
         return Ok(Some(found));
@@ -74,10 +78,10 @@ fn beside(dir: &Path, component: &str) -> io::Result<Option<(bool, Option<String
         Err(e) => return Err(e),
     };
     #[cfg(target_os = "linux")]
-    if entries >= kept::KEEP_FROM {
+    if entries >= kept::KEEP_FROM || keep {
         kept::keep(dir);
     }
-    let _ = entries;
+    let _ = (entries, keep);
     Ok(Some(found))
 }
 
@@ -448,7 +452,19 @@ mod tests {
             conflicting_path(root, "wiki/big/new.md").expect("check"),
             None
         );
-        assert_eq!(kept::count(), before + 1, "the big folder is kept");
+        assert_eq!(
+            kept::count(),
+            before + 3,
+            "the big folder is kept, and the two above it"
+        );
+        // A small folder is kept only above a page.
+        fs::create_dir_all(root.join("wiki/small")).expect("mkdir");
+        conflicting_path(root, "wiki/small/x.md").expect("check");
+        assert_eq!(
+            kept::count(),
+            before + 3,
+            "a small folder of pages is not kept"
+        );
         let names = [
             "Ada.md",
             "ada.md",
@@ -462,7 +478,7 @@ mod tests {
         for round in 0..400 {
             let name = names[below(names.len())];
             let other = names[below(names.len())];
-            match below(5) {
+            match below(7) {
                 0 | 1 => fs::write(big.join(name), "x").expect("create"),
                 2 => {
                     let _ = fs::remove_file(big.join(name));
@@ -470,20 +486,42 @@ mod tests {
                 3 => {
                     let _ = fs::rename(big.join(name), big.join(other));
                 }
-                _ => {
+                4 => {
                     let _ = fs::rename(big.join(name), root.join("elsewhere").join(name));
                     let _ = fs::rename(root.join("elsewhere").join(other), big.join(other));
                 }
+                // Folders beside the kept ones above: `wiki/BIG`, `Wiki`.
+                5 => {
+                    if fs::create_dir(root.join("wiki/BIG")).is_err() {
+                        let _ = fs::remove_dir(root.join("wiki/BIG"));
+                    }
+                }
+                _ => {
+                    if fs::create_dir(root.join("Wiki")).is_err() {
+                        let _ = fs::rename(root.join("Wiki"), root.join("elsewhere/Wiki"));
+                        let _ = fs::remove_dir(root.join("elsewhere/Wiki"));
+                    }
+                }
             }
             for asked in names {
-                let path = format!("wiki/big/{asked}");
-                assert_eq!(
-                    conflicting_path(root, &path).expect("check"),
-                    read_now(root, &path),
-                    "round {round}: {path}"
-                );
+                for folder in ["wiki/big", "wiki/Big", "WIKI/big"] {
+                    let path = format!("{folder}/{asked}");
+                    let kept = conflicting_path(root, &path).expect("check");
+                    let now = read_now(root, &path);
+                    assert_eq!(kept.is_some(), now.is_some(), "round {round}: {path}");
+                    // Of several siblings that fold the same, either may be named.
+                    if let Some(found) = kept {
+                        let depth = found.split('/').count();
+                        let asked: Vec<&str> = path.split('/').take(depth).collect();
+                        assert!(root.join(&found).exists(), "round {round}: {found}");
+                        assert_eq!(fold(&found), fold(&asked.join("/")), "round {round}");
+                        assert_ne!(found, asked.join("/"), "round {round}");
+                    }
+                }
             }
         }
+        let _ = fs::remove_dir(root.join("wiki/BIG"));
+        let _ = fs::remove_dir(root.join("Wiki"));
         // The folder replaced by another at its path.
         fs::rename(&big, root.join("wiki/old")).expect("move away");
         fs::create_dir_all(&big).expect("mkdir");
