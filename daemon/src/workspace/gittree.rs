@@ -225,13 +225,7 @@ pub fn entry_at(
     if !parts.iter().all(|p| plain_name(p)) {
         return Ok(None);
     }
-    let key = repo.path().to_path_buf();
-    let mut kept = KEPT
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&key)
-        .unwrap_or_default();
-    let mut walk = || -> Result<Option<Option<Oid>>, git2::Error> {
+    with_kept(repo, |kept| {
         let mut at = root;
         for (depth, name) in parts.iter().enumerate() {
             let Some(tree) = kept.tree(repo, at)? else {
@@ -254,12 +248,23 @@ pub fn entry_at(
             at = id;
         }
         Ok(None)
-    };
-    let found = walk();
+    })
+}
+
+/// `f` with the repository's kept trees, taken out of the map meanwhile (the map's lock
+/// is not held while trees are read or written) and put back after.
+fn with_kept<T>(repo: &Repository, f: impl FnOnce(&mut Kept) -> T) -> T {
+    let key = repo.path().to_path_buf();
+    let mut kept = KEPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&key)
+        .unwrap_or_default();
+    let result = f(&mut kept);
     KEPT.lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(key, kept);
-    found
+    result
 }
 
 /// What a commit changes at one path: a blob (mode 100644) put there, or removed.
@@ -274,12 +279,6 @@ pub fn update(
     base: Oid,
     changes: &[Change<'_>],
 ) -> Result<Option<(Oid, Vec<Oid>)>, git2::Error> {
-    let key = repo.path().to_path_buf();
-    let mut kept = KEPT
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&key)
-        .unwrap_or_default();
     let mut paths = Vec::with_capacity(changes.len());
     for &(path, blob) in changes {
         let parts: Vec<&[u8]> = path.split('/').map(str::as_bytes).collect();
@@ -293,15 +292,14 @@ pub fn update(
         .map(|(parts, blob)| (parts.as_slice(), *blob))
         .collect();
     let mut written = Vec::new();
-    let result = Writer {
-        repo,
-        kept: &mut kept,
-        written: &mut written,
-    }
-    .level(Some(base), &paths, 0);
-    KEPT.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, kept);
+    let result = with_kept(repo, |kept| {
+        Writer {
+            repo,
+            kept,
+            written: &mut written,
+        }
+        .level(Some(base), &paths, 0)
+    });
     Ok(match result? {
         Some(Some(id)) => Some((id, written)),
         // Everything removed: an empty root, as libgit2 writes it.
