@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use alexandria_tests::{Env, call, error_code, wait_until};
 use serde_json::{Value, json};
@@ -426,40 +426,12 @@ async fn a_crash_right_after_the_swap_keeps_the_editors_save() -> anyhow::Result
 /// names the commit that holds the agent's line, and put in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyhow::Result<()> {
-    use std::io::{Seek, Write};
     let env = Env::with_faults("delay:late:60000");
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
     let root = env.workspace_dir("lab");
     let page = root.join(PAGE);
-    let client = env.client(Some("lab")).await?;
-    let created = call(
-        &client,
-        "write",
-        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
-    )
-    .await?;
-    assert!(error_code(&created).is_none(), "{created}");
-
-    // The editor opens the page and reads it; the agent's write replaces the page.
-    let mut held = std::fs::OpenOptions::new().write(true).open(&page)?;
-    let editor_text = format!(
-        "{}editor save into the file it had open\n",
-        std::fs::read_to_string(&page)?
-    );
-    let appended = call(
-        &client,
-        "write",
-        json!({"command": "append", "path": PAGE, "content": "agent line acknowledged"}),
-    )
-    .await?;
-    assert!(error_code(&appended).is_none(), "{appended}");
+    let (client, held, editor_text) = page_held_open_across_a_write(&env).await?;
     // Now the editor saves in place, into the file it holds: no longer the page.
-    held.set_len(0)?;
-    held.rewind()?;
-    held.write_all(editor_text.as_bytes())?;
-    held.sync_all()?;
-    drop(held);
+    save_in_place(held, &editor_text)?;
     assert!(
         !std::fs::read_to_string(&page)?.contains("editor save"),
         "the save went into the replaced file, not the page"
@@ -505,10 +477,103 @@ async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyho
         explained,
         "no outside edit in history explains the agent line's removal: {history}"
     );
+    // The replaced file is watched a grace period after the restart too, then its
+    // directory goes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(root.join("runs"))?.count() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(
         std::fs::read_dir(root.join("runs"))?.count(),
         0,
-        "runs left after recovery"
+        "runs left after recovery and the grace period"
+    );
+    git(&root, &["fsck", "--no-progress"]);
+    client.cancel().await?;
+    Ok(())
+}
+
+/// A workspace `lab` with the page created, held open by an editor that read it,
+/// then replaced by an agent's acknowledged append. Returns the client, the editor's
+/// file and the text it will save (what it read and a line of its own).
+async fn page_held_open_across_a_write(
+    env: &Env,
+) -> anyhow::Result<(
+    rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    std::fs::File,
+    String,
+)> {
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let page = env.workspace_dir("lab").join(PAGE);
+    let client = env.client(Some("lab")).await?;
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
+    )
+    .await?;
+    assert!(error_code(&created).is_none(), "{created}");
+    // The editor opens the page and reads it; the agent's write replaces the page.
+    let held = std::fs::OpenOptions::new().write(true).open(&page)?;
+    let editor_text = format!(
+        "{}editor save into the file it had open\n",
+        std::fs::read_to_string(&page)?
+    );
+    let appended = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": PAGE, "content": "agent line acknowledged"}),
+    )
+    .await?;
+    assert!(error_code(&appended).is_none(), "{appended}");
+    Ok((client, held, editor_text))
+}
+
+/// The editor's save in place: truncate the file it holds and write its text.
+fn save_in_place(mut held: std::fs::File, text: &str) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    held.set_len(0)?;
+    held.rewind()?;
+    held.write_all(text.as_bytes())?;
+    held.sync_all()
+}
+
+/// The same editor, but the daemon is killed right after the write and the editor
+/// saves only once it has started again and recovered: the replaced file is watched
+/// after recovery as it would have been, so the save is committed (recovery used to
+/// remove the file's last name at once, and the save went into a deleted file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_into_a_replaced_file_after_a_restart_is_kept() -> anyhow::Result<()> {
+    let env = Env::with_faults("delay:late:60000");
+    let root = env.workspace_dir("lab");
+    let (client, held, editor_text) = page_held_open_across_a_write(&env).await?;
+    client.cancel().await?;
+    env.kill_daemon();
+    let restarted = Env {
+        dir: alexandria_tests::short_tempdir(),
+        home: env.home.clone(),
+        faults: None,
+        vars: Vec::new(),
+    };
+    let client = restarted.client(Some("lab")).await?;
+    // Recovered and serving; only now does the editor save.
+    assert!(!added_lines(&root, PAGE).contains("editor save into the file it had open"));
+    save_in_place(held, &editor_text)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut in_git = added_lines(&root, PAGE);
+    while !in_git.contains("editor save into the file it had open") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        in_git = added_lines(&root, PAGE);
+    }
+    assert!(
+        in_git.contains("editor save into the file it had open"),
+        "the editor's save after the restart is not in git"
+    );
+    assert!(in_git.contains("agent line acknowledged"));
+    assert!(
+        std::fs::read_to_string(root.join(PAGE))?.contains("editor save into the file it had open"),
+        "the late save is not on the page"
     );
     git(&root, &["fsck", "--no-progress"]);
     client.cancel().await?;

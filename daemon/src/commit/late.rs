@@ -127,11 +127,21 @@ pub(crate) fn recover(store: &Store, workspace: &str, report: &mut Vec<String>) 
     dirs.sort();
     for dir in dirs {
         match recover_dir(store, workspace, &dir) {
-            Ok(0) => {}
-            Ok(n) => report.push(format!(
-                "{workspace}: committed {n} save(s) found in files replaced by {}",
-                dir.display()
-            )),
+            Ok((n, watches)) => {
+                if n > 0 {
+                    report.push(format!(
+                        "{workspace}: committed {n} save(s) found in files replaced by {}",
+                        dir.display()
+                    ));
+                }
+                if !watches.is_empty() {
+                    // The directory goes when their watch ends (`KeptDir`).
+                    for watch in watches {
+                        watch_after_recovery(watch);
+                    }
+                    continue;
+                }
+            }
             Err(error) => {
                 tracing::error!(workspace, dir = %dir.display(), %error, "cannot commit the saves found in a run's replaced files");
                 report.push(format!(
@@ -146,13 +156,29 @@ pub(crate) fn recover(store: &Store, workspace: &str, report: &mut Vec<String>) 
 }
 
 /// One kept directory: every replaced file whose text git does not have (and that is
-/// not a text the run itself put in place) was saved into after the write.
-fn recover_dir(store: &Store, workspace: &str, dir: &Path) -> ToolResult<usize> {
+/// not a text the run itself put in place) was saved into after the write. Returns how
+/// many saves were committed, and the watches of the replaced files for a grace period
+/// from now: an editor that held one open across the restart may save into it yet
+/// (such a save was lost when the directory was removed at once).
+fn recover_dir(store: &Store, workspace: &str, dir: &Path) -> ToolResult<(usize, Vec<Watch>)> {
     let Some(mut manifest) = load_manifest(dir) else {
-        return Ok(0);
+        return Ok((0, Vec::new()));
     };
     // The workspace may have been renamed since.
     manifest.workspace = workspace.to_string();
+    // Opened before their bytes are read: a save that lands from here on is one the
+    // watch sees.
+    let opened: Vec<(PathBuf, place::Replaced)> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("swap-") || name.starts_with("back-")
+        })
+        .filter_map(|e| place::Replaced::open(&e.path()).ok().map(|r| (e.path(), r)))
+        .collect();
     let kept = kept_versions(dir);
     let ours: std::collections::HashSet<&str> = kept
         .iter()
@@ -196,16 +222,36 @@ fn recover_dir(store: &Store, workspace: &str, dir: &Path) -> ToolResult<usize> 
         Ok((late, placed))
     })?;
     let mut placed = placed;
+    let until = Instant::now() + GRACE;
+    let mut watches = Vec::new();
     for bytes in &late {
         tracing::warn!(workspace, path = %manifest.path, run = %manifest.run_id, "recovery found a save made into a file a write replaced, after the write; committing it");
-        // Nobody watches during recovery: the files its swaps replace now are not kept.
-        let (now_in_place, _) =
-            commit_late(store, &manifest, placed.as_deref(), bytes, Instant::now())?;
+        let (now_in_place, replaced) =
+            commit_late(store, &manifest, placed.as_deref(), bytes, until)?;
         if now_in_place.is_some() {
             placed = now_in_place;
         }
+        watches.extend(replaced);
     }
-    Ok(late.len())
+    let swapped: std::collections::HashSet<&Path> = kept
+        .iter()
+        .filter(|k| k.swapped())
+        .map(|k| k.path.as_path())
+        .collect();
+    let kept_dir = Arc::new(KeptDir(dir.to_path_buf()));
+    watches.extend(
+        opened
+            .into_iter()
+            .filter(|(path, _)| swapped.contains(path.as_path()))
+            .map(|(_, replaced)| Watch {
+                manifest: manifest.clone(),
+                placed: placed.clone(),
+                replaced,
+                until,
+                kept: Some(Arc::clone(&kept_dir)),
+            }),
+    );
+    Ok((late.len(), watches))
 }
 
 impl Watch {
@@ -323,6 +369,17 @@ fn run(store: &Store) {
             }
         }
     }
+}
+
+/// Watch a replaced file that recovery found, whether or not the watcher runs yet
+/// (recovery comes before it starts; it takes the queue as it finds it).
+fn watch_after_recovery(watch: Watch) {
+    let (queue, wake) = &*WATCHED;
+    queue
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push_back(watch);
+    wake.notify_one();
 }
 
 fn watch_again(watch: Watch) {
