@@ -101,17 +101,8 @@ fn history_entries(result: &Value) -> Vec<Value> {
 /// exchange (network and FUSE file systems).
 async fn editor_against_agents(save: Save, faults: Option<&str>) -> anyhow::Result<()> {
     let env = faults.map_or_else(Env::new, Env::with_faults);
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
     let root = env.workspace_dir("lab");
-    let client = env.client(Some("lab")).await?;
-    let created = call(
-        &client,
-        "write",
-        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
-    )
-    .await?;
-    assert!(error_code(&created).is_none(), "{created}");
+    let client = lab_with_the_page(&env).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let editor_root = root.clone();
@@ -309,17 +300,8 @@ async fn without_an_atomic_exchange_an_editor_saving_in_place_loses_nothing() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_right_after_the_swap_keeps_the_editors_save() -> anyhow::Result<()> {
     let env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
     let root = env.workspace_dir("lab");
-    let client = env.client(Some("lab")).await?;
-    let created = call(
-        &client,
-        "write",
-        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
-    )
-    .await?;
-    assert!(error_code(&created).is_none(), "{created}");
+    let client = lab_with_the_page(&env).await?;
     let acknowledged: Vec<String> = (0..3).map(|n| format!("acknowledged k{n}")).collect();
     for line in &acknowledged {
         let result = call(
@@ -440,12 +422,7 @@ async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyho
     env.kill_daemon();
 
     // Started again (without the slowed watcher): recovery commits the late save.
-    let restarted = Env {
-        dir: alexandria_tests::short_tempdir(),
-        home: env.home.clone(),
-        faults: None,
-        vars: Vec::new(),
-    };
+    let restarted = without_faults(&env);
     let client = restarted.client(Some("lab")).await?;
     let in_git = added_lines(&root, PAGE);
     assert!(
@@ -503,17 +480,8 @@ async fn page_held_open_across_a_write(
     std::fs::File,
     String,
 )> {
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
     let page = env.workspace_dir("lab").join(PAGE);
-    let client = env.client(Some("lab")).await?;
-    let created = call(
-        &client,
-        "write",
-        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
-    )
-    .await?;
-    assert!(error_code(&created).is_none(), "{created}");
+    let client = lab_with_the_page(env).await?;
     // The editor opens the page and reads it; the agent's write replaces the page.
     let held = std::fs::OpenOptions::new().write(true).open(&page)?;
     let editor_text = format!(
@@ -528,6 +496,33 @@ async fn page_held_open_across_a_write(
     .await?;
     assert!(error_code(&appended).is_none(), "{appended}");
     Ok((client, held, editor_text))
+}
+
+/// `init`, the workspace `lab`, a client bound to it and the page `PAGE` created.
+async fn lab_with_the_page(
+    env: &Env,
+) -> anyhow::Result<rmcp::service::RunningService<rmcp::RoleClient, ()>> {
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let client = env.client(Some("lab")).await?;
+    let created = call(
+        &client,
+        "write",
+        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
+    )
+    .await?;
+    assert!(error_code(&created).is_none(), "{created}");
+    Ok(client)
+}
+
+/// The same home, for a daemon started again without the faults `env` had.
+fn without_faults(env: &Env) -> Env {
+    Env {
+        dir: alexandria_tests::short_tempdir(),
+        home: env.home.clone(),
+        faults: None,
+        vars: Vec::new(),
+    }
 }
 
 /// The editor's save in place: truncate the file it holds and write its text.
@@ -550,12 +545,7 @@ async fn a_save_into_a_replaced_file_after_a_restart_is_kept() -> anyhow::Result
     let (client, held, editor_text) = page_held_open_across_a_write(&env).await?;
     client.cancel().await?;
     env.kill_daemon();
-    let restarted = Env {
-        dir: alexandria_tests::short_tempdir(),
-        home: env.home.clone(),
-        faults: None,
-        vars: Vec::new(),
-    };
+    let restarted = without_faults(&env);
     let client = restarted.client(Some("lab")).await?;
     // Recovered and serving; only now does the editor save.
     assert!(!added_lines(&root, PAGE).contains("editor save into the file it had open"));
@@ -777,18 +767,9 @@ async fn random_kills_while_an_editor_saves_lose_no_line() -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_failing_after_its_swap_puts_the_editors_save_back() -> anyhow::Result<()> {
     let env = Env::new();
-    env.ok(&["init"]);
-    env.ok(&["workspace", "create", "lab"]);
     let root = env.workspace_dir("lab");
     let page = root.join(PAGE);
-    let client = env.client(Some("lab")).await?;
-    let created = call(
-        &client,
-        "write",
-        json!({"command": "create", "path": PAGE, "content": "# Race\n"}),
-    )
-    .await?;
-    assert!(error_code(&created).is_none(), "{created}");
+    let client = lab_with_the_page(&env).await?;
     client.cancel().await?;
     env.ok(&["daemon", "stop"]);
 

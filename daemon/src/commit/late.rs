@@ -374,12 +374,8 @@ fn run(store: &Store) {
 /// Watch a replaced file that recovery found, whether or not the watcher runs yet
 /// (recovery comes before it starts; it takes the queue as it finds it).
 fn watch_after_recovery(watch: Watch) {
-    let (queue, wake) = &*WATCHED;
-    queue
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push_back(watch);
-    wake.notify_one();
+    watch_again(watch);
+    WATCHED.1.notify_one();
 }
 
 fn watch_again(watch: Watch) {
