@@ -394,7 +394,7 @@ async fn a_crash_right_after_the_swap_keeps_the_editors_save() -> anyhow::Result
         explained,
         "no outside edit in history holds the editor's save: {history}"
     );
-    assert_eq!(std::fs::read_dir(&runs)?.count(), 0, "runs left");
+    assert_eq!(runs_left_after_the_grace(&runs).await?, 0, "runs left");
     git(&root, &["fsck", "--no-progress"]);
     client.cancel().await?;
     drop(crashing);
@@ -454,14 +454,8 @@ async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyho
         explained,
         "no outside edit in history explains the agent line's removal: {history}"
     );
-    // The replaced file is watched a grace period after the restart too, then its
-    // directory goes.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(root.join("runs"))?.count() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     assert_eq!(
-        std::fs::read_dir(root.join("runs"))?.count(),
+        runs_left_after_the_grace(&root.join("runs")).await?,
         0,
         "runs left after recovery and the grace period"
     );
@@ -496,6 +490,20 @@ async fn page_held_open_across_a_write(
     .await?;
     assert!(error_code(&appended).is_none(), "{appended}");
     Ok((client, held, editor_text))
+}
+
+/// How many run directories `runs` holds once they are gone or 10 s passed: after a
+/// restart, the files the runs replaced are watched for the grace period (3 s) before
+/// their kept directories go.
+async fn runs_left_after_the_grace(runs: &Path) -> std::io::Result<usize> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = std::fs::read_dir(runs)?.count();
+        if left == 0 || Instant::now() >= deadline {
+            return Ok(left);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `init`, the workspace `lab`, a client bound to it and the page `PAGE` created.
