@@ -63,14 +63,19 @@ pub fn release() {
 /// (`names::release_cached`), the kept zlib compressors (`loose::release_cached`) and
 /// the workspaces' open repositories (libgit2's
 /// object caches: `Store::release_repositories`), and trim (on the blocking pool: it
-/// takes a few milliseconds). An idle daemon does nothing.
+/// takes a few milliseconds). Once per quiet spell (a whole `QUIET_CHECK` without a
+/// call finishing), the workspaces that gathered many loose objects are packed
+/// (`workspace::pack`). An idle daemon does nothing.
 pub async fn release_when_quiet(inflight: Arc<Inflight>, store: Arc<Store>) {
     let mut seen = inflight.finished();
     let mut active = None;
+    let mut packed_after = seen;
     loop {
         tokio::time::sleep(QUIET_CHECK).await;
         let finished = inflight.finished();
-        if finished != seen {
+        // No call finished over the last check's interval.
+        let still = finished == seen;
+        if !still {
             seen = finished;
             active = Some(Instant::now());
         }
@@ -81,12 +86,36 @@ pub async fn release_when_quiet(inflight: Arc<Inflight>, store: Arc<Store>) {
             crate::workspace::gittree::release_cached();
             crate::workspace::names::release_cached();
             crate::workspace::loose::release_cached();
+            // Packing costs a process and, after an import, seconds of one core: only
+            // after a whole interval without a call, once per quiet spell.
+            let pack = still && packed_after != seen;
+            if pack {
+                packed_after = seen;
+            }
             let store = Arc::clone(&store);
             let _ = tokio::task::spawn_blocking(move || {
                 store.release_repositories();
                 release();
+                if pack {
+                    pack_workspaces(&store);
+                }
             })
             .await;
+        }
+    }
+}
+
+/// Pack the loose objects of every workspace that gathered enough of them.
+fn pack_workspaces(store: &Store) {
+    for slug in store.list_workspaces() {
+        let root = store.workspace_dir(&slug);
+        match crate::workspace::pack::pack_if_needed(&root) {
+            Ok(packed) => tracing::debug!(workspace = %slug, ?packed, "packing checked"),
+            // No git: logged once by `pack`.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::warn!(workspace = %slug, %error, "cannot pack the loose objects")
+            }
         }
     }
 }

@@ -966,3 +966,77 @@ async fn the_replaced_index_is_written_into_only_when_no_one_holds_it() -> anyho
     git(&root, &["fsck", "--no-dangling"]);
     Ok(())
 }
+
+/// Loose objects and packs in `root`'s object store.
+fn object_counts(root: &Path) -> (usize, usize) {
+    let text = git(root, &["count-objects", "-v"]);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("count:"), field("packs:"))
+}
+
+/// Writes leave loose objects (a big folder's tree per write); once the daemon goes
+/// quiet they are packed, and nothing any commit refers to goes: pages written after,
+/// one of them with the text of a packed page (its blob only in the pack), commit and
+/// read back, and `git fsck` finds every object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loose_objects_are_packed_once_the_daemon_goes_quiet_and_nothing_is_lost()
+-> anyhow::Result<()> {
+    let mut env = Env::new();
+    env.vars
+        .push(("ALEXANDRIA_PACK_LOOSE_FROM".into(), Some("40".into())));
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    let mut created = Vec::new();
+    for n in 0..20 {
+        let path = format!("wiki/pack/page-{n}.md");
+        let content = format!("# Page {n}\n\nbody of page {n}\n");
+        let rev = create_page(&client, &path, &content).await?;
+        created.push((path, rev));
+    }
+    let (loose, packs) = object_counts(&root);
+    assert!(loose >= 40, "{loose} loose objects after 20 writes");
+    assert!(
+        alexandria_tests::wait_until(Duration::from_secs(60), || {
+            let (now_loose, now_packs) = object_counts(&root);
+            now_packs > packs && now_loose < 20
+        }),
+        "not packed within 60 s of going quiet: {:?}",
+        object_counts(&root)
+    );
+    assert_in_head(&root, &created);
+    git(&root, &["fsck", "--no-progress", "--strict"]);
+
+    // A page with the text of a packed one: its blob is only in the pack.
+    let again = create_page(&client, "wiki/again.md", "# Page 3\n\nbody of page 3\n").await?;
+    assert_eq!(again, created[3].1, "same text, same blob");
+    let appended = call(
+        &client,
+        "write",
+        json!({"command": "append", "path": "wiki/pack/page-5.md", "content": "after the pack"}),
+    )
+    .await?;
+    assert!(error_code(&appended).is_none(), "{appended}");
+    let read = call(&client, "read", json!({"path": "wiki/pack/page-5.md"})).await?;
+    assert!(text_of(&read).contains("after the pack"), "{read}");
+    let history = call(&client, "history", json!({"path": "wiki/pack/page-5.md"})).await?;
+    assert!(error_code(&history).is_none(), "{history}");
+    git(&root, &["fsck", "--no-progress", "--strict"]);
+    assert_eq!(
+        git(&root, &["show", "HEAD:wiki/again.md"]),
+        "# Page 3\n\nbody of page 3\n"
+    );
+    assert_eq!(
+        git(&root, &["status", "--porcelain"]).trim(),
+        "",
+        "dirty tree after packing"
+    );
+    client.cancel().await?;
+    Ok(())
+}

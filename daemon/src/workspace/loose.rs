@@ -16,9 +16,9 @@
 //! git and libgit2 read any zlib stream, and `git gc` packs and delta-compresses the
 //! trees as it would have.
 //!
-//! An object found loose already is not written again. One that exists only in a pack
-//! is written loose once more: the same content under the same name, which git's next
-//! `gc` drops.
+//! An object found loose already is not written again (its time is freshened, as git
+//! does). One that exists only in a pack is written loose once more: the same content
+//! under the same name, which the next repack drops (`pack`).
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, ErrorKind, Write};
@@ -32,6 +32,25 @@ use git2::{ObjectType, Oid};
 
 /// Trees of this many bytes or more are written uncompressed (see the module's note).
 const STORE_FROM: usize = 16 << 10;
+
+/// Set the modification time of `path` to now.
+fn freshen(path: &Path) -> io::Result<()> {
+    use rustix::fs::{AtFlags, CWD, Timespec, Timestamps, UTIME_NOW};
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: UTIME_NOW,
+    };
+    rustix::fs::utimensat(
+        CWD,
+        path,
+        &Timestamps {
+            last_access: now,
+            last_modification: now,
+        },
+        AtFlags::empty(),
+    )
+    .map_err(io::Error::from)
+}
 
 /// `header` then `data` as one zlib stream of stored (uncompressed) blocks.
 fn stored(header: &[u8], data: &[u8]) -> Vec<u8> {
@@ -165,7 +184,10 @@ pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
     let hex = id.to_string();
     let dir = objects.join(&hex[..2]);
     let path = dir.join(&hex[2..]);
-    if fs::symlink_metadata(&path).is_ok() {
+    // Found loose: freshened, as git does, so that a `git gc` run by hand meanwhile
+    // does not prune it as old and unreachable before the commit refers to it. One that
+    // cannot be freshened is written again.
+    if fs::symlink_metadata(&path).is_ok() && freshen(&path).is_ok() {
         return Ok(id);
     }
     let compressed = if kind == ObjectType::Tree && data.len() >= STORE_FROM {
@@ -444,16 +466,22 @@ mod tests {
                 .join(&id.to_string()[2..]);
             let mode = fs::metadata(&file).expect("stat").permissions().mode() & 0o777;
             assert_eq!(mode, 0o444, "read-only, as git makes them");
-            let modified = fs::metadata(&file)
-                .and_then(|m| m.modified())
-                .expect("mtime");
+            let before = fs::metadata(&file).expect("stat");
+            // Made old, as an object a `git gc` would prune if nothing refers to it.
+            let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1);
+            fs::File::open(&file)
+                .and_then(|f| f.set_modified(old))
+                .expect("set mtime");
             assert_eq!(write(&objects, ObjectType::Blob, &data).expect("again"), id);
+            let after = fs::metadata(&file).expect("stat");
             assert_eq!(
-                fs::metadata(&file)
-                    .and_then(|m| m.modified())
-                    .expect("mtime"),
-                modified,
+                std::os::unix::fs::MetadataExt::ino(&after),
+                std::os::unix::fs::MetadataExt::ino(&before),
                 "not written again"
+            );
+            assert!(
+                after.modified().expect("mtime") >= before.modified().expect("mtime"),
+                "freshened, as git does"
             );
             blobs.push(id);
         }

@@ -1,7 +1,7 @@
 //! Workspaces on disk: the home layout, each workspace's git repository, path
 //! confinement (`store`), the workspace lock (`lock`), git primitives (`git`), git's index file rewritten
 //! in place of libgit2's (`gitindex`), the trees of its commits (`gittree`) and their
-//! loose objects (`loose`), pages a
+//! loose objects (`loose`), packed when the daemon goes quiet (`pack`), pages a
 //! hand `git commit` dropped from HEAD or git's index (`dropped`), names
 //! that collide on case-insensitive file systems (`names`), and what a write flushes
 //! before it is acknowledged (`durable`), and the file watcher every watch of a
@@ -19,6 +19,7 @@ pub mod lock;
 pub mod loose;
 pub mod message;
 pub mod names;
+pub mod pack;
 pub mod store;
 
 pub use durable::Durable;
