@@ -29,8 +29,8 @@ fn mirror_dir(context: &SyncContext<'_>) -> PathBuf {
 }
 
 fn git_command(args: &[&str], dir: Option<&Path>) -> Result<(), SyncError> {
-    let mut command = std::process::Command::new("git");
-    command.args(args).env("GIT_TERMINAL_PROMPT", "0");
+    let mut command = crate::workspace::git_cli();
+    command.args(args);
     if let Some(dir) = dir {
         command.current_dir(dir);
     }

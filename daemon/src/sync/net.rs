@@ -34,20 +34,15 @@ pub enum NetError {
 
 /// A `git` command with prompts off and batch-mode ssh.
 fn command(dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new("git");
+    let mut command = crate::workspace::git_cli();
     command
         .current_dir(dir)
         // ext:: runs arbitrary commands; never from a URL.
         .args(["-c", "protocol.ext.allow=never"])
         .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
         .env("GCM_INTERACTIVE", "never")
         .env("GIT_ASKPASS", "")
         .env("SSH_ASKPASS", "")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .env_remove("GIT_INDEX_FILE")
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Its own process group: a timeout kills ssh and helpers too.

@@ -26,6 +26,24 @@ pub use durable::Durable;
 pub use lock::{LockGuard, WorkspaceLock};
 pub use store::*;
 
+/// The `git` command line for the daemon's own use (packing, sync, git sources): never
+/// through the repository git's environment names (a daemon started from a git hook
+/// inherits `GIT_DIR`, and a fetch or repack would go to that repository), no prompts
+/// (there is no terminal), nothing on stdin.
+pub fn git_cli() -> std::process::Command {
+    let mut command = std::process::Command::new("git");
+    command
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .env_remove("GIT_OBJECT_DIRECTORY")
+        .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
+        .env_remove("GIT_COMMON_DIR")
+        .stdin(std::process::Stdio::null());
+    command
+}
+
 /// A file watcher (inotify, FSEvents, …) that reports changes only: creating,
 /// removing, writing, renaming, attributes. Opening a file is not reported: with
 /// inotify every `open` of a file in a watched folder was an event, the daemon's own

@@ -19,7 +19,7 @@
 //! Without `git` on the PATH nothing is packed (logged once).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -97,17 +97,11 @@ pub fn pack_if_needed(root: &Path) -> std::io::Result<Packed> {
 fn repack(root: &Path, args: &[&str]) -> std::io::Result<()> {
     static NO_GIT_LOGGED: AtomicBool = AtomicBool::new(false);
     let started = Instant::now();
-    let spawned = Command::new("git")
+    let spawned = super::git_cli()
         .current_dir(root)
         .args(["-c", "pack.threads=1", "-c", "repack.writeBitmaps=false"])
         .args(["repack", "-q"])
         .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .env_remove("GIT_INDEX_FILE")
-        .env_remove("GIT_OBJECT_DIRECTORY")
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn();
