@@ -982,13 +982,31 @@ fn object_counts(root: &Path) -> (usize, usize) {
 /// Writes leave loose objects (a big folder's tree per write); once the daemon goes
 /// quiet they are packed, and nothing any commit refers to goes: pages written after,
 /// one of them with the text of a packed page (its blob only in the pack), commit and
-/// read back, and `git fsck` finds every object.
+/// read back, and `git fsck` finds every object. The daemon is started as a git hook
+/// would start it, with git's repository variables pointing at another repository:
+/// the `git` it runs must pack the workspace and leave that one alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loose_objects_are_packed_once_the_daemon_goes_quiet_and_nothing_is_lost()
 -> anyhow::Result<()> {
     let mut env = Env::new();
     env.vars
         .push(("ALEXANDRIA_PACK_LOOSE_FROM".into(), Some("40".into())));
+    let decoy_dir = tempfile::tempdir()?;
+    let decoy = decoy_dir.path();
+    git(decoy, &["init", "-q"]);
+    std::fs::write(decoy.join("hook.txt"), "a hook's repository\n")?;
+    git(decoy, &["add", "hook.txt"]);
+    let decoy_git = decoy.join(".git");
+    for (name, value) in [
+        ("GIT_DIR", decoy_git.clone()),
+        ("GIT_WORK_TREE", decoy.to_path_buf()),
+        ("GIT_INDEX_FILE", decoy_git.join("index")),
+        ("GIT_OBJECT_DIRECTORY", decoy_git.join("objects")),
+    ] {
+        env.vars
+            .push((name.into(), Some(value.to_string_lossy().into_owned())));
+    }
+    let decoy_before = object_counts(decoy);
     env.ok(&["init"]);
     env.ok(&["workspace", "create", "lab"]);
     let root = env.workspace_dir("lab");
@@ -1012,6 +1030,15 @@ async fn loose_objects_are_packed_once_the_daemon_goes_quiet_and_nothing_is_lost
     );
     assert_in_head(&root, &created);
     git(&root, &["fsck", "--no-progress", "--strict"]);
+    assert_eq!(
+        object_counts(decoy),
+        decoy_before,
+        "the hook's repository was packed or written to"
+    );
+    assert_eq!(
+        git(decoy, &["diff", "--cached", "--name-only"]).trim(),
+        "hook.txt"
+    );
 
     // A page with the text of a packed one: its blob is only in the pack.
     let again = create_page(&client, "wiki/again.md", "# Page 3\n\nbody of page 3\n").await?;

@@ -40,6 +40,9 @@ pub fn git_cli() -> std::process::Command {
         .env_remove("GIT_OBJECT_DIRECTORY")
         .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
         .env_remove("GIT_COMMON_DIR")
+        // A server-side hook's: refs under a namespace, objects held in quarantine.
+        .env_remove("GIT_NAMESPACE")
+        .env_remove("GIT_QUARANTINE_PATH")
         .stdin(std::process::Stdio::null());
     command
 }
