@@ -984,13 +984,37 @@ fn object_counts(root: &Path) -> (usize, usize) {
 /// one of them with the text of a packed page (its blob only in the pack), commit and
 /// read back, and `git fsck` finds every object. The daemon is started as a git hook
 /// would start it, with git's repository variables pointing at another repository:
-/// the `git` it runs must pack the workspace and leave that one alone.
+/// the `git` it runs must pack the workspace and leave that one alone, at the lowest
+/// priority (a `git` first on `PATH` notes its nice value, then runs the real one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loose_objects_are_packed_once_the_daemon_goes_quiet_and_nothing_is_lost()
 -> anyhow::Result<()> {
     let mut env = Env::new();
     env.vars
         .push(("ALEXANDRIA_PACK_LOOSE_FROM".into(), Some("40".into())));
+    let bin_dir = tempfile::tempdir()?;
+    let niceness = bin_dir.path().join("repack-nice.txt");
+    let path = std::env::var("PATH").unwrap_or_default();
+    let real_git = std::env::split_paths(&path)
+        .map(|dir| dir.join("git"))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| anyhow::anyhow!("no git on PATH"))?;
+    let wrapper = bin_dir.path().join("git");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" repack \"*) nice >> '{}' ;; esac\nexec '{}' \"$@\"\n",
+            niceness.display(),
+            real_git.display()
+        ),
+    )?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+    let mut dirs = vec![bin_dir.path().to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    let wrapped = std::env::join_paths(dirs)?;
+    env.vars
+        .push(("PATH".into(), Some(wrapped.to_string_lossy().into_owned())));
     let decoy_dir = tempfile::tempdir()?;
     let decoy = decoy_dir.path();
     git(decoy, &["init", "-q"]);
@@ -1030,6 +1054,11 @@ async fn loose_objects_are_packed_once_the_daemon_goes_quiet_and_nothing_is_lost
     );
     assert_in_head(&root, &created);
     git(&root, &["fsck", "--no-progress", "--strict"]);
+    let nice = std::fs::read_to_string(&niceness)?;
+    assert!(
+        !nice.trim().is_empty() && nice.lines().all(|l| l.trim() == "19"),
+        "git repack ran at nice {nice:?}, not 19"
+    );
     assert_eq!(
         object_counts(decoy),
         decoy_before,
