@@ -224,14 +224,21 @@ fn run(
         let size = jobs.len();
         let began = Instant::now();
         let tickets: Vec<Arc<Ticket>> = jobs.iter().map(|j| Arc::clone(&j.ticket)).collect();
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            commit_group(store, workspace, jobs);
-        }));
+        let outcome =
+            std::panic::catch_unwind(AssertUnwindSafe(|| commit_group(store, workspace, jobs)));
         let ended = Instant::now();
+        let phases = outcome.as_ref().copied().unwrap_or_default();
+        let us = |d: Duration| d.as_micros() as u64;
         tracing::debug!(
             jobs = size,
-            gathered_us = began.saturating_duration_since(gathering).as_micros() as u64,
-            took_us = ended.saturating_duration_since(began).as_micros() as u64,
+            gathered_us = us(began.saturating_duration_since(gathering)),
+            took_us = us(ended.saturating_duration_since(began)),
+            lock_us = us(phases.lock),
+            prepare_us = us(phases.prepare),
+            commit_us = us(phases.commit),
+            finish_us = us(phases.finish),
+            record_us = us(phases.record),
+            flush_us = us(phases.flush),
             "group committed"
         );
         if outcome.is_err() {
@@ -276,8 +283,32 @@ struct Member {
     watch: Vec<late::Watch>,
 }
 
+/// Where a group's time went (the debug line of each group).
+#[derive(Clone, Copy, Debug, Default)]
+struct Phases {
+    /// Waiting for the workspace lock (and git's index guard).
+    lock: Duration,
+    /// The jobs' `prepare`, together (with the check for pages a hand commit dropped).
+    prepare: Duration,
+    /// Their commits (git's lock, objects, trees, the page in place), together.
+    commit: Duration,
+    /// The git session's end: git's index written, the branch moved.
+    finish: Duration,
+    /// The SQLite transaction.
+    record: Duration,
+    flush: Duration,
+}
+
 /// Lock, prepare and commit each job, write git's index, record, flush, answer.
-fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
+fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) -> Phases {
+    let mut phases = Phases::default();
+    let mut clock = Instant::now();
+    let mut lap = move || {
+        let now = Instant::now();
+        let took = now.saturating_duration_since(clock);
+        clock = now;
+        took
+    };
     let state = store.state(workspace);
     let holder = jobs.first().map(|j| j.run_id.clone()).unwrap_or_default();
     let lock = match lock_workspace(store, &state, workspace, &holder) {
@@ -286,11 +317,12 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
             for job in jobs {
                 job.ticket.set(Err(error.clone()));
             }
-            return;
+            return phases;
         }
     };
     let root = store.workspace_dir(workspace);
     let index_guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    phases.lock = lap();
     // Pages a hand `git commit` dropped since the last group go back first.
     super::restore::check(store, workspace, true);
     let timeout = git_lock_timeout(store);
@@ -305,7 +337,9 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
                 job.ticket.set(Err(error.clone()));
                 continue;
             }
-            let manifest = match (job.prepare)(store) {
+            let prepared = (job.prepare)(store);
+            phases.prepare += lap();
+            let manifest = match prepared {
                 Ok(manifest) => manifest,
                 Err(error) => {
                     job.ticket.set(Err(error));
@@ -333,6 +367,7 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
             let changed = Cell::new(false);
             let (done, outside, watch) =
                 commit_page(open, &root, &manifest, &dir, &changed, false);
+            phases.commit += lap();
             if let Err(error) = &done
                 && error.code != ErrorCode::StalePlan
                 && changed.get()
@@ -360,7 +395,9 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
         let Some(session) = session else {
             return Ok(Durable::default());
         };
-        let finished = session.finish().map_err(git_error)?;
+        let finished = session.finish().map_err(git_error);
+        phases.finish = lap();
+        let finished = finished?;
         // Commits made again on top of a branch someone moved meanwhile.
         for member in &mut members {
             if let Ok((commit, _)) = &mut member.done {
@@ -374,6 +411,7 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
     if let Some(delay) = crate::faults::delay_for("record") {
         std::thread::sleep(delay);
     }
+    lap();
     let recorded = committed.and_then(|durable| {
         let mut connection = store.pool.get()?;
         let transaction = crate::db::write_transaction(&mut connection)?;
@@ -391,6 +429,7 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
         transaction.commit()?;
         Ok(durable)
     });
+    phases.record = lap();
     let mut durable = match recorded {
         Ok(durable) => durable,
         Err(error) => {
@@ -403,7 +442,7 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
                     Ok(_) => Err(error.clone()),
                 });
             }
-            return;
+            return phases;
         }
     };
     drop(index_guard);
@@ -420,11 +459,13 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
     durable.file(wal_file(store));
     drop(lock);
     crash_point("before_flush");
+    lap();
     let flushed = if store.config.write.flush_files {
         durable.flush().map_err(|e| io_error("flushing to disk", e))
     } else {
         flush_to_disk(store, workspace)
     };
+    phases.flush = lap();
     crash_point("after_flush");
     for member in members {
         drop(member.cleanup);
@@ -441,6 +482,7 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) {
             }),
         });
     }
+    phases
 }
 
 /// The group's SQLite transaction failed: undo every run of the group. HEAD's branch
