@@ -315,6 +315,15 @@ pub fn hit_count(client: &mut dyn Mcp, query: &str) -> Result<usize> {
 }
 
 /// Text of a page written by the benchmark, citing a PDF page and a text source.
+/// The folder the write rows create their pages in: `wiki/bench`, which sorts before
+/// the corpus's `wiki/s0000/…`, so each create inserts its entry near the start of
+/// git's index and the rest of the index moves (the worst case).
+/// `ALEXANDRIA_BENCH_WRITE_FOLDER` puts them elsewhere (`wiki/zz` sorts after the
+/// corpus: the best case), to see what the index's rewrite costs.
+pub(crate) fn write_folder() -> String {
+    std::env::var("ALEXANDRIA_BENCH_WRITE_FOLDER").unwrap_or_else(|_| "wiki/bench".to_string())
+}
+
 pub(crate) fn cited_text(corpus: &Corpus, i: usize, heading: bool) -> String {
     let pdf = &corpus.pdfs[i % corpus.pdfs.len()];
     let page = i as u32 % corpus::PDF_PAGES + 1;
@@ -457,19 +466,19 @@ fn corpus_size(
     let create = measure(settings.tool_plan(), |i| {
         shim.call_tool(
             "write",
-            json!({"command": "create", "path": format!("wiki/bench/create-{i:05}.md"),
+            json!({"command": "create", "path": format!("{}/create-{i:05}.md", write_folder()),
                    "content": cited_text(&corpus, i, true)}),
         )?;
         Ok(None)
     })?;
     shim.call_tool(
         "write",
-        json!({"command": "create", "path": "wiki/bench/append.md", "content": "# Appended\n\n"}),
+        json!({"command": "create", "path": format!("{}/append.md", write_folder()), "content": "# Appended\n\n"}),
     )?;
     let append = measure(settings.tool_plan(), |i| {
         shim.call_tool(
             "write",
-            json!({"command": "append", "path": "wiki/bench/append.md",
+            json!({"command": "append", "path": format!("{}/append.md", write_folder()),
                    "content": cited_text(&corpus, i, false)}),
         )?;
         Ok(None)
@@ -790,7 +799,7 @@ pub(crate) fn concurrent_writes(
                         shim.call_tool(
                             "write",
                             json!({"command": "create",
-                                   "path": format!("wiki/bench/w{writers}{tag}-t{t}-{j:04}.md"),
+                                   "path": format!("{}/w{writers}{tag}-t{t}-{j:04}.md", write_folder()),
                                    "content": cited_text(corpus, j, true)}),
                         )?;
                         times.push(started.elapsed());

@@ -101,7 +101,7 @@ pub fn run(settings: &Settings, binaries: &Binaries, base: Option<&Binaries>) ->
                 if command == "append" {
                     shim.call_tool(
                         "write",
-                        json!({"command": "create", "path": "wiki/bench/append.md",
+                        json!({"command": "create", "path": format!("{}/append.md", crate::run::write_folder()),
                                "content": "# Appended\n\n"}),
                     )?;
                 }
@@ -120,10 +120,10 @@ pub fn run(settings: &Settings, binaries: &Binaries, base: Option<&Binaries>) ->
                         calls.set(i);
                     }
                     let arguments = if command == "create" {
-                        json!({"command": "create", "path": format!("wiki/bench/create-{i:05}.md"),
+                        json!({"command": "create", "path": format!("{}/create-{i:05}.md", crate::run::write_folder()),
                                "content": crate::run::cited_text(corpus, i, true)})
                     } else {
-                        json!({"command": "append", "path": "wiki/bench/append.md",
+                        json!({"command": "append", "path": format!("{}/append.md", crate::run::write_folder()),
                                "content": crate::run::cited_text(corpus, i, false)})
                     };
                     shim.call_tool("write", arguments)?;
