@@ -10,6 +10,9 @@
 //!   its commit), so a test can put or edit a file there in between.
 //! - `delay:record:<ms>`: sleep after a group of writes is committed to git (git's
 //!   index lock released), before its SQLite record, so a test can run git in between.
+//! - `delay:settle:<ms>`: git's index that group commits left unwritten is written
+//!   only after `<ms>` (`commit/settle.rs`), so a test can kill the daemon or use git
+//!   while it is held.
 //! - `delay:late:<ms>`: the watcher of replaced pages (`commit/late.rs`) looks only
 //!   every `<ms>`, so a test can kill the daemon before it notices a late save.
 //! - `delay:search-index-commit:<ms>`: sleep before the search index commits a bulk

@@ -80,6 +80,8 @@ pub fn run(options: DaemonOptions) -> Result<()> {
     let result = runtime.block_on(run_async(options));
     // Blocking work still running (a tool call or ingest past the drain) ends here.
     runtime.shutdown_timeout(BLOCKING_GRACE);
+    // git's indexes the last writes left unwritten, and their locks released.
+    crate::commit::settle::all();
     if let Some(delay) = crate::faults::delay_for("shutdown") {
         std::thread::sleep(delay);
     }

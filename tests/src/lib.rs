@@ -244,6 +244,17 @@ impl Drop for Env {
 /// True while `/proc/<pid>` exists and is not a zombie.
 /// Run git in `dir` as a person at the terminal would: this machine's git config left
 /// out, the identity `Hand <hand@example.com>`, no `GIT_DIR`/`GIT_INDEX_FILE` inherited.
+/// Wait (up to 10 s) until nobody holds the git index lock of the workspace at `root`:
+/// the daemon writes git's index once a workspace's writes pause (about 20 ms after
+/// the last one), and holds `.git/index.lock` until then, so what `git status` shows
+/// right after a write can still be the index before it.
+pub fn wait_index_written(root: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while root.join(".git/index.lock").exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 pub fn git_output(dir: &Path, args: &[&str]) -> Output {
     Command::new("git")
         .args(["-c", "user.name=Hand", "-c", "user.email=hand@example.com"])

@@ -116,6 +116,7 @@ fn assert_in_head(root: &Path, created: &[(String, String)]) {
 }
 
 fn porcelain(root: &Path) -> BTreeSet<String> {
+    alexandria_tests::wait_index_written(root);
     git(root, &["status", "--porcelain", "--untracked-files=all"])
         .lines()
         .map(str::to_string)
@@ -711,6 +712,134 @@ async fn refused_while(
     Ok(())
 }
 
+/// Create `wiki/held/{n}.md` for each `n`, with git's index left unwritten
+/// (`delay:settle`), and check that the daemon holds it: the lock is there, a hand
+/// commit is refused, and `git status` shows the index behind HEAD. Returns HEAD
+/// before the writes.
+async fn writes_with_the_index_held(env: &Env, pages: usize) -> anyhow::Result<String> {
+    let root = env.workspace_dir("lab");
+    let before = git(&root, &["rev-parse", "HEAD"]).trim().to_string();
+    let client = env.client(Some("lab")).await?;
+    for n in 0..pages {
+        create_page(
+            &client,
+            &format!("wiki/held/{n}.md"),
+            &format!("# Held {n}\n"),
+        )
+        .await?;
+    }
+    client.cancel().await?;
+    assert!(
+        root.join(".git/index.lock").exists(),
+        "the daemon holds git's index"
+    );
+    let record = std::fs::read_to_string(root.join(".git/alexandria-index-base"))?;
+    assert_eq!(
+        record.trim(),
+        before,
+        "the index on disk matches HEAD before the writes"
+    );
+    std::fs::write(root.join("wiki/hand.md"), "by hand\n")?;
+    let refused = git_output(&root, &["commit", "-q", "-a", "-m", "hand"]);
+    assert!(
+        !refused.status.success(),
+        "a hand commit must wait for the index"
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("index.lock"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let status =
+        String::from_utf8_lossy(&git_output(&root, &["status", "--porcelain"]).stdout).into_owned();
+    assert!(status.contains("D  wiki/held/0.md"), "{status}");
+    assert_eq!(
+        git(&root, &["rev-parse", "HEAD~1"]).trim() != before,
+        pages > 1
+    );
+    Ok(before)
+}
+
+/// Check that git's index has every held page again, that no lock or record is left,
+/// and that a hand commit keeps the pages.
+fn index_caught_up(root: &Path, pages: usize) {
+    assert!(
+        !root.join(".git/index.lock").exists(),
+        "the lock is released"
+    );
+    let record =
+        std::fs::read_to_string(root.join(".git/alexandria-index-base")).unwrap_or_default();
+    assert!(record.trim().is_empty(), "record left: {record:?}");
+    assert_eq!(
+        porcelain(root),
+        BTreeSet::from(["?? wiki/hand.md".to_string()])
+    );
+    let staged = git(root, &["ls-files", "wiki/held"]);
+    assert_eq!(staged.lines().count(), pages, "{staged}");
+    git(root, &["add", "wiki/hand.md"]);
+    git(root, &["commit", "-q", "-m", "hand"]);
+    let tree = git(root, &["ls-tree", "-r", "--name-only", "HEAD", "wiki/held"]);
+    assert_eq!(tree.lines().count(), pages, "{tree}");
+    assert!(porcelain(root).is_empty(), "{:?}", porcelain(root));
+    git(root, &["fsck", "--no-progress"]);
+}
+
+/// Group commits leave git's index unwritten until writes pause (issue 15), holding
+/// its lock. A daemon killed meanwhile leaves the index behind HEAD: the next daemon
+/// stages every page written since the commit the index matched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_left_unwritten_by_a_killed_daemon_is_caught_up_at_start() -> anyhow::Result<()> {
+    let env = lab_env(Env::with_faults("delay:settle:600000"));
+    let root = env.workspace_dir("lab");
+    writes_with_the_index_held(&env, 300).await?;
+    env.kill_daemon();
+    assert!(
+        root.join(".git/index.lock").exists(),
+        "a kill leaves the lock"
+    );
+    let client = env.client(Some("lab")).await?;
+    index_caught_up(&root, 300);
+    client.cancel().await?;
+    Ok(())
+}
+
+/// A daemon that stops writes the index it held, and releases its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_daemon_writes_the_index_it_held() -> anyhow::Result<()> {
+    let env = lab_env(Env::with_faults("delay:settle:600000"));
+    let root = env.workspace_dir("lab");
+    writes_with_the_index_held(&env, 3).await?;
+    env.ok(&["daemon", "stop"]);
+    index_caught_up(&root, 3);
+    Ok(())
+}
+
+/// Without the test's delay, the index is written once writes pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_is_written_once_writes_pause() -> anyhow::Result<()> {
+    let env = lab_env(Env::new());
+    let root = env.workspace_dir("lab");
+    let client = env.client(Some("lab")).await?;
+    for n in 0..3 {
+        create_page(
+            &client,
+            &format!("wiki/held/{n}.md"),
+            &format!("# Held {n}\n"),
+        )
+        .await?;
+    }
+    std::fs::write(root.join("wiki/hand.md"), "by hand\n")?;
+    assert!(
+        alexandria_tests::wait_until(Duration::from_secs(5), || !root
+            .join(".git/index.lock")
+            .exists()),
+        "the index is written and its lock released"
+    );
+    index_caught_up(&root, 3);
+    client.cancel().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_are_refused_on_a_detached_head_and_in_a_merge() -> anyhow::Result<()> {
     let env = lab_env(Env::new());
@@ -878,6 +1007,7 @@ async fn hand_index_changes_between_agent_writes_are_kept_and_nothing_is_staged_
         let path = format!("wiki/idx/{n}.md");
         let rev = create_page(&client, &path, &format!("# Page {n}\n")).await?;
         created.push((path, rev));
+        alexandria_tests::wait_index_written(&root);
         let stat_dirty = git(&root, &["diff-files", "--name-only"]);
         assert!(
             stat_dirty.lines().all(|l| l == "notes/later.txt"),
@@ -938,6 +1068,7 @@ async fn the_replaced_index_is_written_into_only_when_no_one_holds_it() -> anyho
         let path = format!("wiki/spare/{n}.md");
         let rev = create_page(&client, &path, &format!("# Spare {n}\n")).await?;
         created.push((path, rev));
+        alexandria_tests::wait_index_written(&root);
         let now = ino(&index)?;
         match (n, held) {
             (2, _) => assert_eq!(Some(now), spare_before, "write 2 used the spare"),
@@ -1088,6 +1219,7 @@ async fn loose_objects_are_packed_once_the_daemon_goes_quiet_and_nothing_is_lost
         git(&root, &["show", "HEAD:wiki/again.md"]),
         "# Page 3\n\nbody of page 3\n"
     );
+    alexandria_tests::wait_index_written(&root);
     assert_eq!(
         git(&root, &["status", "--porcelain"]).trim(),
         "",

@@ -29,6 +29,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
 /// `git status` is clean: git's index is updated with every commit, before the write
 /// is acknowledged (issue 16), so there is nothing to wait for.
 fn git_status_settles(root: &Path) -> bool {
+    alexandria_tests::wait_index_written(root);
     git(root, &["status", "--porcelain"]).trim().is_empty()
 }
 

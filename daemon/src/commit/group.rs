@@ -350,7 +350,13 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) -> Phases {
             let dir = run_dir(store, workspace, &manifest.run_id);
             if session.is_none() {
                 match git::Session::begin(repo, timeout) {
-                    Ok(begun) => session = Some(begun),
+                    Ok(mut begun) => {
+                        // git's index is written once writes pause (`settle`).
+                        if super::settle::may_defer() {
+                            begun.defer_index();
+                        }
+                        session = Some(begun);
+                    }
                     Err(error) => {
                         // Nothing was changed: the run is dropped, and so is the rest.
                         let error = git_error(error);
@@ -467,6 +473,9 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) -> Phases {
     };
     phases.flush = lap();
     crash_point("after_flush");
+    if let Some(since) = git::index_held_since(&root.join(".git")) {
+        super::settle::later(&state, &root, since);
+    }
     for member in members {
         drop(member.cleanup);
         for watch in member.watch {

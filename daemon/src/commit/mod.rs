@@ -30,6 +30,7 @@ pub mod place;
 pub mod rebuild;
 pub mod recover;
 mod restore;
+pub mod settle;
 pub mod watch;
 
 pub(crate) use group::submit;

@@ -23,9 +23,20 @@ pub(crate) fn check(store: &Store, workspace: &str, locked: bool) {
     let root = store.workspace_dir(workspace);
     let state = store.state(workspace);
     let found = state.with_repo(&root, |repo| -> Result<bool, git2::Error> {
-        let seen = dropped::seen_now(repo);
+        let mut seen = dropped::seen_now(repo);
         if dropped::is_known(repo, &seen) {
             return Ok(false);
+        }
+        if crate::workspace::git::index_held_since(repo.path()).is_some() {
+            // git's index is behind HEAD until the daemon writes it (`settle`): written
+            // first under the locks, looked at next time without them.
+            if !locked || !super::settle::now_locked(repo) {
+                return Ok(false);
+            }
+            seen = dropped::seen_now(repo);
+            if dropped::is_known(repo, &seen) {
+                return Ok(false);
+            }
         }
         if dropped::find(repo, &root)?.is_empty() && unhandled_rewinds(repo)?.is_empty() {
             dropped::remember(repo, seen);
@@ -291,6 +302,8 @@ fn put_back(store: &Store, workspace: &str) -> ToolResult<()> {
     let (lost, commit, rewound) = store.state(workspace).with_repo(
         &root,
         |repo| -> ToolResult<Found> {
+            // Pages are looked for in git's index: written first.
+            super::settle::now_locked(repo);
             let mut session = git::Session::begin(repo, timeout).map_err(git_error)?;
             let rewound = put_back_rewinds(&mut session, &root)?;
             let found = dropped::find(repo, &root).map_err(git2_error)?;

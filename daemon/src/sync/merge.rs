@@ -72,6 +72,8 @@ pub fn integrate(store: &Store, slug: &str, remote_ref: &str) -> ToolResult<Merg
     let _index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
     let mut merged = Merged::default();
     let journal = state.with_repo(&root, |repo| -> ToolResult<Option<Journal>> {
+        // Outside edits are found against git's index: written first.
+        commit::settle::now_locked(repo);
         let mut session = git::Session::begin(repo, timeout).map_err(git_error)?;
         merged.outside = commit_outside_edits(repo, &root, &mut session)?;
         let theirs = match repo.refname_to_id(remote_ref) {

@@ -42,6 +42,25 @@ fn io(context: &str, error: std::io::Error) -> ToolError {
 }
 
 /// Tables with a `workspace` column (found in the schema, so new tables are covered).
+/// Write git's index that the last writes left unwritten (`commit::settle`), and
+/// release its lock, before the workspace's folder moves. The caller holds the index
+/// guard.
+fn settle_index(state: &crate::workspace::WorkspaceState, dir: &Path) -> ToolResult<()> {
+    let settled = state
+        .with_repo(dir, |repo| {
+            Ok::<bool, git2::Error>(crate::commit::settle::now_locked(repo))
+        })
+        .unwrap_or(true);
+    if settled {
+        return Ok(());
+    }
+    Err(ToolError::new(
+        ErrorCode::Internal,
+        "cannot write git's index of the workspace before moving it",
+        "free some disk space and try again (the daemon's log says why)",
+    ))
+}
+
 fn workspace_tables(connection: &Connection) -> ToolResult<Vec<String>> {
     let mut statement = connection.prepare(
         "SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) p
@@ -73,6 +92,7 @@ pub fn rename(store: &Store, from: &str, to: &str) -> ToolResult<Value> {
     let _index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
     let old_dir = store.workspace_dir(from);
     let new_dir = store.workspace_dir(to);
+    settle_index(&state, &old_dir)?;
     let mut connection = store.pool.get()?;
     let transaction = crate::db::write_transaction(&mut connection)?;
     for table in workspace_tables(&transaction)? {
@@ -133,6 +153,7 @@ pub fn archive(store: &Store, slug: &str) -> ToolResult<Value> {
     let run_id = format!("archive-{}", crate::commit::new_run_id());
     let _lock = lock_workspace(store, &state, slug, &run_id)?;
     let _index = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    settle_index(&state, &store.workspace_dir(slug))?;
     let mut connection = store.pool.get()?;
     let transaction = crate::db::write_transaction(&mut connection)?;
     let paths: Vec<String> = {

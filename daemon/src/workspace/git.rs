@@ -10,16 +10,27 @@
 //! and its blobs from the bytes the daemon wrote (never re-read from the disk, where an
 //! editor may have saved meanwhile).
 //!
+//! A group commit leaves git's index unwritten (`Session::defer_index`): the session's
+//! entries and `.git/index.lock` are kept (`Held`) for the next session, which goes on
+//! from them without taking the lock again, and the index is written once the
+//! workspace's writes pause (`settle`, from `commit::group`'s settler). Nobody else can
+//! read the index meanwhile: the daemon holds its lock, as it does during a session;
+//! `git status` (which does not need the lock) shows the daemon's newest pages as staged
+//! the other way for that moment. The commit the index on disk still matches is
+//! recorded in `.git/alexandria-index-base` before HEAD's branch moves past it, so that
+//! after a crash recovery stages every path changed since (`stage_last_commit`).
+//!
 //! The daemon does not write into a repository a person is in the middle of using: a
 //! detached HEAD, or a merge, rebase, cherry-pick, revert, `am` or bisect in progress
 //! (`Session::begin` refuses with `GitError::InUse`).
 
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fs::{self, File, Metadata, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{OnceLock, mpsc};
+use std::sync::{LazyLock, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use git2::{FileMode, IndexEntry, IndexTime, Oid, Repository, RepositoryState, Signature};
@@ -317,11 +328,18 @@ pub fn remove_own_stale_lock(git_dir: &Path) -> bool {
 /// on disk that exist nowhere else), and the index entries of the paths those commits
 /// changed become their versions. Otherwise (a daemon from before that order moved HEAD
 /// first and died before writing the index) the index entries of the paths HEAD's
-/// commit changed become HEAD's versions, if alexandria made that commit.
+/// commit changed become HEAD's versions, if alexandria made that commit. Sessions that
+/// left git's index unwritten (`Session::defer_index`) recorded the commit it matches:
+/// then every path changed since gets its version.
 /// Returns how many paths.
 pub fn stage_last_commit(repo: &Repository, timeout: Duration) -> Result<usize, GitError> {
     let pending = read_pending(repo.path());
     let _ = fs::remove_file(repo.path().join(PENDING_FILE));
+    // Sessions that left git's index unwritten (`Held`): it matches this commit.
+    let index_base = read_record(&repo.path().join(INDEX_BASE_FILE))
+        .and_then(|id| repo.find_commit(id).ok())
+        .map(|commit| commit.tree())
+        .transpose()?;
     let mut session = Session::begin(repo, timeout)?;
     let head = session.tip()?;
     let descends = match pending {
@@ -337,13 +355,14 @@ pub fn stage_last_commit(repo: &Repository, timeout: Duration) -> Result<usize, 
             (Some(head.tree()?), repo.find_commit(id)?.tree()?)
         }
         _ => {
-            if head.committer().name().ok() != Some("alexandria") {
+            if index_base.is_none() && head.committer().name().ok() != Some("alexandria") {
                 return Ok(0);
             }
             let parent = head.parent(0).ok().map(|p| p.tree()).transpose()?;
             (parent, head.tree()?)
         }
     };
+    let from = index_base.or(from);
     let diff = repo.diff_tree_to_tree(from.as_ref(), Some(&to), None)?;
     let mut paths = Vec::new();
     for delta in diff.deltas() {
@@ -359,6 +378,7 @@ pub fn stage_last_commit(repo: &Repository, timeout: Duration) -> Result<usize, 
         session.stage_head_version(path)?;
     }
     session.finish()?;
+    let _ = fs::remove_file(repo.path().join(INDEX_BASE_FILE));
     Ok(paths.len())
 }
 
@@ -434,8 +454,20 @@ impl Link {
 /// (committing that would delete them).
 pub struct Session<'r> {
     repo: &'r Repository,
-    /// Released when the session is dropped (after `finish`, or without it).
-    _lock: IndexLock,
+    /// Released when the session is dropped (after `finish`, or without it), unless
+    /// it is handed on (`Held`).
+    lock: Option<IndexLock>,
+    /// What the sessions before this one left unwritten in git's index (`Held`): put
+    /// back if this session is dropped without `finish`.
+    inherited: Option<Inherited>,
+    /// Leave git's index unwritten at `finish` (`defer_index`).
+    defer: bool,
+    /// Flush the new index before it replaces the old one (`settle`: nothing else
+    /// flushes it before the writes it holds are acknowledged, since they already are).
+    sync_index: bool,
+    /// The branch's value when the session began: what git's index on disk matches
+    /// when no earlier session left it unwritten.
+    began: Oid,
     timeout: Duration,
     /// The branch's value when the session began (or, after someone moved the branch
     /// meanwhile, the value the chain was made again on).
@@ -491,10 +523,94 @@ const PREVIOUS_INDEX: &str = "alexandria-index-previous";
 /// writes its index into this file instead of a new one (`gitindex::write_next_reusing`).
 const SPARE_INDEX: &str = "alexandria-index-spare";
 
+/// Where the commit git's index on disk still matches is recorded while sessions leave
+/// the index unwritten (`Held`): a commit id padded with spaces and a newline, all
+/// spaces once the index is written.
+const INDEX_BASE_FILE: &str = "alexandria-index-base";
+
+/// git's index as the sessions that deferred it left it: the entries they committed,
+/// not yet written, and `.git/index.lock`, kept so that nobody reads the index meanwhile.
+struct Held {
+    lock: IndexLock,
+    inherited: Inherited,
+}
+
+/// The part of `Held` a session carries.
+struct Inherited {
+    touched: BTreeMap<String, Entry>,
+    /// When the first session deferred the index (and wrote `INDEX_BASE_FILE`; not
+    /// kept open, so that nothing holds a file open for writing between writes).
+    since: Instant,
+}
+
+/// By git directory.
+static HELD: LazyLock<Mutex<HashMap<PathBuf, Held>>> = LazyLock::new(Mutex::default);
+
+fn held_map() -> std::sync::MutexGuard<'static, HashMap<PathBuf, Held>> {
+    HELD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether sessions in the repository at `git_dir` left git's index unwritten, and
+/// since when.
+pub fn index_held_since(git_dir: &Path) -> Option<Instant> {
+    held_map().get(git_dir).map(|h| h.inherited.since)
+}
+
+/// Write git's index that sessions left unwritten (`Session::defer_index`), flushed, and
+/// release its lock. Call under the workspace's index guard. Returns whether there was
+/// one.
+pub fn settle(repo: &Repository) -> Result<bool, GitError> {
+    let Some(held) = held_map().remove(repo.path()) else {
+        return Ok(false);
+    };
+    let base = match head_branch(repo).and_then(|b| Ok(repo.refname_to_id(&b)?)) {
+        Ok(id) => id,
+        // A HEAD detached meanwhile (`git update-ref` needs no index lock).
+        Err(_) => match repo.head().ok().and_then(|h| h.target()) {
+            Some(id) => id,
+            None => {
+                let git_dir = repo.path().to_path_buf();
+                held_map().insert(git_dir, held);
+                return Err(GitError::InUse(GitState::UnbornBranch));
+            }
+        },
+    };
+    let verified = dropped::is_known(repo, &dropped::seen_at(repo, Some(base)));
+    let mut session = Session::start(repo, held.lock, Some(held.inherited), base, verified);
+    session.sync_index = true;
+    session.finish()?;
+    Ok(true)
+}
+
+/// Blank the record file at `path` (`.git/alexandria-index-base`) in place; remove it
+/// if that fails.
+fn blank_record_at(path: &Path) {
+    match OpenOptions::new().write(true).open(path) {
+        Ok(file) => blank_record(&file, path),
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(_) => {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Blank a record file (`.git/alexandria-pending`) in place; remove it if that fails.
+fn blank_record(file: &File, path: &Path) {
+    let blank = format!("{}\n", " ".repeat(PENDING_RECORD - 1));
+    if rustix::io::pwrite(file, blank.as_bytes(), 0).is_err() {
+        let _ = fs::remove_file(path);
+    }
+}
+
+/// The commit named in a record file (None: none, or blank).
+fn read_record(path: &Path) -> Option<Oid> {
+    let text = fs::read_to_string(path).ok()?;
+    Oid::from_str(text.trim()).ok()
+}
+
 /// The commit a session that died left in `.git/alexandria-pending`.
 fn read_pending(git_dir: &Path) -> Option<Oid> {
-    let text = fs::read_to_string(git_dir.join(PENDING_FILE)).ok()?;
-    Oid::from_str(text.trim()).ok()
+    read_record(&git_dir.join(PENDING_FILE))
 }
 
 /// libgit2's object cache, per repository (raw object bytes; the heap it takes is
@@ -537,26 +653,61 @@ fn head_branch(repo: &Repository) -> Result<String, GitError> {
 impl<'r> Session<'r> {
     /// Take git's index lock (waiting up to `timeout`) and check that nobody is in the
     /// middle of something in the repository.
+    /// A session that goes on from sessions that left git's index unwritten (`Held`)
+    /// takes their lock and entries over instead.
     pub fn begin(repo: &'r Repository, timeout: Duration) -> Result<Session<'r>, GitError> {
-        let lock = IndexLock::acquire(repo.path(), timeout)?;
+        let taken = held_map().remove(repo.path());
+        let (lock, inherited) = match taken {
+            Some(held) => (held.lock, Some(held.inherited)),
+            None => (IndexLock::acquire(repo.path(), timeout)?, None),
+        };
+        let hand_back = |lock: IndexLock, inherited: Option<Inherited>| {
+            if let Some(inherited) = inherited {
+                held_map().insert(repo.path().to_path_buf(), Held { lock, inherited });
+            }
+        };
         // `GitState::of`, reading HEAD and its branch once each (they were read seven
         // times per write).
-        match GitState::in_progress(repo) {
-            GitState::Clean => {}
-            state => return Err(GitError::InUse(state)),
-        }
-        let base = match repo.refname_to_id(&head_branch(repo)?) {
-            Ok(base) => base,
+        let state = GitState::in_progress(repo);
+        let branch = match state {
+            GitState::Clean => head_branch(repo),
+            state => Err(GitError::InUse(state)),
+        };
+        let base = branch.and_then(|branch| match repo.refname_to_id(&branch) {
+            Ok(base) => Ok(base),
             Err(e) if e.code() == git2::ErrorCode::NotFound => {
-                return Err(GitError::InUse(GitState::UnbornBranch));
+                Err(GitError::InUse(GitState::UnbornBranch))
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => Err(e.into()),
+        });
+        let base = match base {
+            Ok(base) => base,
+            Err(error) => {
+                hand_back(lock, inherited);
+                return Err(error);
+            }
         };
         let verified = dropped::is_known(repo, &dropped::seen_at(repo, Some(base)));
-        Ok(Session {
+        let mut session = Session::start(repo, lock, inherited, base, verified);
+        session.timeout = timeout;
+        Ok(session)
+    }
+
+    fn start(
+        repo: &'r Repository,
+        lock: IndexLock,
+        inherited: Option<Inherited>,
+        base: Oid,
+        verified: bool,
+    ) -> Session<'r> {
+        Session {
             repo,
-            _lock: lock,
-            timeout,
+            lock: Some(lock),
+            inherited,
+            defer: false,
+            sync_index: false,
+            began: base,
+            timeout: Duration::from_secs(5),
             base,
             chain: Vec::new(),
             tip: base,
@@ -565,7 +716,14 @@ impl<'r> Session<'r> {
             written: Durable::default(),
             made: None,
             verified,
-        })
+        }
+    }
+
+    /// Leave git's index unwritten at `finish`, and its lock held, for the next session
+    /// to go on from; `settle` writes it. For group commits, whose writers come in
+    /// streams (issue 15): each group skipped rewriting and flushing the whole index.
+    pub fn defer_index(&mut self) {
+        self.defer = true;
     }
 
     /// HEAD and the index were checked for pages a hand commit dropped, under this
@@ -942,10 +1100,10 @@ impl<'r> Session<'r> {
         current: &Path,
         next: &Path,
     ) -> Result<Option<gitindex::Written>, GitError> {
-        let updates: Vec<gitindex::Update<'_>> = self
-            .touched
+        let touched = self.all_touched();
+        let updates: Vec<gitindex::Update<'_>> = touched
             .iter()
-            .map(|(path, entry)| match entry {
+            .map(|&(path, entry)| match entry {
                 Entry::Blob { id, stat } => gitindex::Update {
                     path,
                     blob: Some(*id),
@@ -986,7 +1144,7 @@ impl<'r> Session<'r> {
             }
             Err(e) => return Err(io("reading git's index")(e)),
         };
-        for (path, entry) in &self.touched {
+        for &(path, entry) in &touched {
             match entry {
                 Entry::Blob { id, stat } => {
                     index.add(&index_entry(path, *id, stat.as_ref()))?;
@@ -1003,47 +1161,131 @@ impl<'r> Session<'r> {
         Ok(None)
     }
 
+    /// The index entries of every path committed in this session and in the sessions
+    /// that left the index unwritten before it (this session's win), by path.
+    fn all_touched(&self) -> Vec<(&str, &Entry)> {
+        let mut all: BTreeMap<&str, &Entry> = BTreeMap::new();
+        if let Some(inherited) = &self.inherited {
+            all.extend(inherited.touched.iter().map(|(p, e)| (p.as_str(), e)));
+        }
+        all.extend(self.touched.iter().map(|(p, e)| (p.as_str(), e)));
+        all.into_iter().collect()
+    }
+
+    /// Record, before HEAD's branch moves, the commit git's index on disk matches
+    /// (when no earlier session left it unwritten, it matches the branch as this
+    /// session found it).
+    fn record_index_base(&mut self) -> std::io::Result<()> {
+        if self.inherited.is_some() {
+            return Ok(());
+        }
+        let path = self.repo.path().join(INDEX_BASE_FILE);
+        let record = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(&path)?;
+        let mut text = self.began.to_string();
+        text.push_str(&" ".repeat(PENDING_RECORD - 1 - text.len()));
+        text.push('\n');
+        rustix::io::pwrite(&record, text.as_bytes(), 0).map_err(std::io::Error::from)?;
+        self.written.file(path);
+        self.inherited = Some(Inherited {
+            touched: BTreeMap::new(),
+            since: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// `finish` for a session that leaves git's index unwritten: HEAD's branch moves,
+    /// and the lock and the entries are kept for the next session (`Held`).
+    fn finish_deferred(mut self) -> Result<Finished, GitError> {
+        self.publish()?;
+        let mut renamed = BTreeMap::new();
+        for link in &self.chain {
+            if let Link::Commit { first, id, .. } = link
+                && first != id
+            {
+                renamed.insert(*first, *id);
+            }
+        }
+        if self.verified {
+            // The index file is the one the daemon last saw consistent, and stays so
+            // under the lock it keeps.
+            dropped::remember(self.repo, dropped::seen_at(self.repo, Some(self.tip)));
+        }
+        let durable = std::mem::take(&mut self.written);
+        let (Some(lock), Some(mut inherited)) = (self.lock.take(), self.inherited.take()) else {
+            return Err(GitError::Moved);
+        };
+        inherited.touched.append(&mut self.touched);
+        held_map().insert(self.repo.path().to_path_buf(), Held { lock, inherited });
+        let published = Some(self.tip);
+        // Blanks `.git/alexandria-pending`.
+        drop(self);
+        Ok(Finished {
+            durable,
+            renamed,
+            published,
+        })
+    }
+
     /// Write the index entries of every path committed in this session (the rest of the
     /// index untouched) and put the new index in place, then move HEAD's branch to the
     /// session's newest commit, then release the lock. Returns what the session wrote,
     /// for the flush before the writes are acknowledged.
     pub fn finish(mut self) -> Result<Finished, GitError> {
+        if self.defer && !self.chain.is_empty() {
+            match self.record_index_base() {
+                Ok(()) => return self.finish_deferred(),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot record the base of git's index; writing it now");
+                }
+            }
+        }
         let git_dir = self.repo.path().to_path_buf();
         let current = git_dir.join("index");
         let previous = git_dir.join(PREVIOUS_INDEX);
         let moves = !self.chain.is_empty();
-        let indexed = !self.touched.is_empty();
+        let indexed = !self.touched.is_empty()
+            || self
+                .inherited
+                .as_ref()
+                .is_some_and(|i| !i.touched.is_empty());
         if indexed {
             let next = git_dir.join(NEXT_INDEX);
             let ours = self.write_next_index(&current, &next)?;
-            if moves {
-                // Kept until the branch has moved, to be put back if it cannot.
-                let _ = fs::remove_file(&previous);
-                let _ = fs::hard_link(&current, &previous);
+            if self.sync_index {
+                File::open(&next)
+                    .and_then(|f| f.sync_all())
+                    .map_err(io("flushing git's index"))?;
             }
+            // Kept until the branch has moved, to be put back if it cannot, then as the
+            // spare.
+            let _ = fs::remove_file(&previous);
+            let _ = fs::hard_link(&current, &previous);
             fs::rename(&next, &current).map_err(io("replacing git's index"))?;
             if let Some(ours) = ours {
                 ours.installed();
             }
             self.written.file(current.clone());
         }
-        if moves {
-            if let Err(error) = self.publish() {
-                if indexed {
-                    let _ = fs::rename(&previous, &current);
-                }
-                return Err(error);
-            }
+        if moves && let Err(error) = self.publish() {
             if indexed {
-                // The index it replaced, for the next session to write into (when no
-                // one has it open then); one left unused is freed off this thread.
-                let spare = git_dir.join(SPARE_INDEX);
-                if spare.exists() {
-                    remove_later(&spare);
-                }
-                if !gitindex::REUSES_SPARE || fs::rename(&previous, &spare).is_err() {
-                    remove_later(&previous);
-                }
+                let _ = fs::rename(&previous, &current);
+            }
+            return Err(error);
+        }
+        if indexed {
+            // The index it replaced, for the next session to write into (when no one
+            // has it open then); one left unused is freed off this thread.
+            let spare = git_dir.join(SPARE_INDEX);
+            if spare.exists() {
+                remove_later(&spare);
+            }
+            if !gitindex::REUSES_SPARE || fs::rename(&previous, &spare).is_err() {
+                remove_later(&previous);
             }
         }
         let mut renamed = BTreeMap::new();
@@ -1053,6 +1295,10 @@ impl<'r> Session<'r> {
             {
                 renamed.insert(*first, *id);
             }
+        }
+        if self.inherited.take().is_some() {
+            // The index is written (and HEAD's branch moved): nothing is held any more.
+            blank_record_at(&git_dir.join(INDEX_BASE_FILE));
         }
         let published = moves.then_some(self.tip);
         if self.verified {
@@ -1079,10 +1325,13 @@ impl Drop for Session<'_> {
         // instead of creating one (each file created and removed per write cost ext4
         // without a journal a scan past the inodes it freed in the last seconds).
         if let Some(file) = self.pending.take() {
-            let blank = format!("{}\n", " ".repeat(PENDING_RECORD - 1));
-            if rustix::io::pwrite(&file, blank.as_bytes(), 0).is_err() {
-                let _ = fs::remove_file(self.repo.path().join(PENDING_FILE));
-            }
+            blank_record(&file, &self.repo.path().join(PENDING_FILE));
+        }
+        // Dropped without `finish` (or it failed): what earlier sessions left unwritten
+        // is held again, with the lock (this session's own entries are of commits HEAD
+        // does not have).
+        if let (Some(lock), Some(inherited)) = (self.lock.take(), self.inherited.take()) {
+            held_map().insert(self.repo.path().to_path_buf(), Held { lock, inherited });
         }
     }
 }
