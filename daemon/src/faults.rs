@@ -13,6 +13,8 @@
 //! - `delay:settle:<ms>`: git's index that group commits left unwritten is written
 //!   only after `<ms>` (`commit/settle.rs`), so a test can kill the daemon or use git
 //!   while it is held.
+//! - `delay:refresh:<ms>`: the watcher's re-index of changed files sleeps while it
+//!   holds the workspace's index guard, before it opens its state.db transaction.
 //! - `delay:late:<ms>`: the watcher of replaced pages (`commit/late.rs`) looks only
 //!   every `<ms>`, so a test can kill the daemon before it notices a late save.
 //! - `delay:search-index-commit:<ms>`: sleep before the search index commits a bulk

@@ -42,6 +42,10 @@ const CLOSING_GRACE: Duration = Duration::from_secs(1);
 /// How long the runtime's shutdown waits for blocking work that outlived the drain;
 /// work cut off after that is recovered at the next start, as after a crash.
 const BLOCKING_GRACE: Duration = Duration::from_secs(5);
+/// How long the stop waits to write git's indexes the last writes left unwritten
+/// (`commit/settle.rs`): before the clean stamp, and once more at the very end.
+const SETTLE_GRACE: Duration = Duration::from_secs(10);
+const LAST_SETTLE_GRACE: Duration = Duration::from_secs(1);
 /// How long a starting daemon waits for a stopping one to exit. A spawned daemon's
 /// shim has waited already (and waits for the ready notice for 5 s); a service
 /// manager's daemon may be started right after a `daemon stop`.
@@ -80,8 +84,8 @@ pub fn run(options: DaemonOptions) -> Result<()> {
     let result = runtime.block_on(run_async(options));
     // Blocking work still running (a tool call or ingest past the drain) ends here.
     runtime.shutdown_timeout(BLOCKING_GRACE);
-    // git's indexes the last writes left unwritten, and their locks released.
-    crate::commit::settle::all();
+    // git's indexes that writes since step 4 left unwritten (none, mostly).
+    crate::commit::settle::all_within(LAST_SETTLE_GRACE);
     if let Some(delay) = crate::faults::delay_for("shutdown") {
         std::thread::sleep(delay);
     }
@@ -217,7 +221,13 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
             server.abort();
         }
     }
-    // 4. A clean stop: the next start may skip state.db's full check.
+    // 4. git's indexes the last writes left unwritten are written and their locks
+    //    released, before the clean stamp: from there state.db's write lock is never
+    //    given back, and background work that holds a workspace's index guard while it
+    //    waits for that lock (the watcher's re-index) would keep the guard until its
+    //    busy timeout (30 s), and the stop with it.
+    let _ = tokio::task::spawn_blocking(|| crate::commit::settle::all_within(SETTLE_GRACE)).await;
+    // 5. A clean stop: the next start may skip state.db's full check.
     crate::db::mark_clean(&context.store.pool, &home.state_db());
     Ok(())
 }

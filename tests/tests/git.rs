@@ -814,6 +814,61 @@ async fn a_stopping_daemon_writes_the_index_it_held() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The stop writes the index it held before it stamps state.db clean (from then on it
+/// keeps state.db's write lock until it exits). A re-index of the watcher that holds
+/// the workspace's index guard meanwhile and then waits for that lock held the stop
+/// up for state.db's busy timeout (30 s: `daemon stop` gave up), one run in ten of the
+/// benchmark's write rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reindex_in_progress_does_not_hold_up_the_stop() -> anyhow::Result<()> {
+    let env = lab_env(Env::with_faults("delay:settle:600000,delay:refresh:3000"));
+    let root = env.workspace_dir("lab");
+    writes_with_the_index_held(&env, 3).await?;
+    // Saved by hand again once the watcher surely watches (it looks for new
+    // workspaces every second): it re-indexes the page, holding the index guard for
+    // 3 s first.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    std::fs::write(root.join("wiki/hand.md"), "by hand, again\n")?;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let started = std::time::Instant::now();
+    env.ok(&["daemon", "stop"]);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(15), "the stop took {took:?}");
+    index_caught_up(&root, 3);
+    Ok(())
+}
+
+/// The watch of a workspace begins while the daemon holds its git index between
+/// writes (the lock a `git clone` would hold looks the same): it never began under a
+/// steady stream of writes, and edits by hand went unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_by_hand_are_seen_while_the_index_is_held() -> anyhow::Result<()> {
+    let env = lab_env(Env::with_faults("delay:settle:600000"));
+    let root = env.workspace_dir("lab");
+    writes_with_the_index_held(&env, 3).await?;
+    std::fs::write(root.join("wiki/hand.md"), "# Hand\n\nquokkafern by hand\n")?;
+    let client = env.client(Some("lab")).await?;
+    let mut found = String::new();
+    for _ in 0..100 {
+        let result = call(&client, "search", json!({"query": "quokkafern"})).await?;
+        found = result.to_string();
+        if found.contains("wiki/hand.md") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        found.contains("wiki/hand.md"),
+        "the edit by hand is never seen: {found}"
+    );
+    assert!(
+        root.join(".git/index.lock").exists(),
+        "the index is still held"
+    );
+    client.cancel().await?;
+    Ok(())
+}
+
 /// Without the test's delay, the index is written once writes pause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_is_written_once_writes_pause() -> anyhow::Result<()> {

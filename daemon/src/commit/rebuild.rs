@@ -68,10 +68,15 @@ pub fn ensure_history(store: &Store, slug: &str) -> ToolResult<()> {
 
 /// Whether a workspace's repository is at rest, so that it can be adopted: not in the
 /// middle of a `git clone` (HEAD not written yet, or the checkout still writing git's
-/// index under `index.lock`). A lock older than a minute is taken as stale.
+/// index under `index.lock`). A lock older than a minute is taken as stale, and the
+/// lock this daemon keeps between group commits (`git::index_held_since`) as ours:
+/// under a steady stream of writes it is there nearly all the time, and the watch of
+/// the workspace would never begin.
 pub fn settled(root: &Path) -> bool {
     let git = root.join(".git");
-    if let Ok(metadata) = std::fs::metadata(git.join("index.lock")) {
+    if crate::workspace::git::index_held_since(&git).is_none()
+        && let Ok(metadata) = std::fs::metadata(git.join("index.lock"))
+    {
         let age = metadata
             .modified()
             .ok()

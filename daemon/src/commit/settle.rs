@@ -101,8 +101,41 @@ pub(crate) fn now(state: &WorkspaceState, root: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Write every index left unwritten (the daemon stops).
-pub fn all() {
+/// Write every index left unwritten (the daemon stops), waiting at most `limit`: work
+/// still running may hold a workspace's index guard while it waits for state.db's
+/// write lock, which the stop keeps from its clean stamp until the process exits
+/// (`db::mark_clean`), so it may not give the guard back before its busy timeout. An
+/// index left unwritten then is caught up at the next start, as after a crash. Returns
+/// whether every index was written in time.
+pub fn all_within(limit: Duration) -> bool {
+    if SETTLER
+        .as_ref()
+        .is_none_or(|s| s.due.lock().unwrap_or_else(|p| p.into_inner()).is_empty())
+    {
+        return true;
+    }
+    let (done, finished) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("settle-stop".into())
+        .spawn(move || {
+            all();
+            let _ = done.send(());
+        });
+    if spawned.is_err() {
+        all();
+        return true;
+    }
+    if finished.recv_timeout(limit).is_ok() {
+        return true;
+    }
+    tracing::warn!(
+        "git's index of a workspace is held by work still running; it is caught up at the next start"
+    );
+    false
+}
+
+/// Write every index left unwritten.
+fn all() {
     let Some(settler) = SETTLER.as_ref() else {
         return;
     };

@@ -515,6 +515,10 @@ impl Drop for ClearOnDrop<'_> {
 pub fn refresh_paths(store: &Store, workspace: &str, relatives: &[String]) -> ToolResult<()> {
     let state = store.state(workspace);
     let _guard = state.index_lock.lock().unwrap_or_else(|p| p.into_inner());
+    // A test holds the index guard here (`delay:refresh:<ms>`), as a long re-index does.
+    if let Some(delay) = crate::faults::delay_for("refresh") {
+        std::thread::sleep(delay);
+    }
     let mut connection = store.pool.get()?;
     let transaction = crate::db::write_transaction(&mut connection)?;
     let root = store.workspace_dir(workspace);
