@@ -22,13 +22,16 @@
 //!   `delay:search-wait:<ms>`: how long a search waits for the index (instead of 20 s).
 //! - `crash:<point>`: kill the process when execution reaches `<point>` (used by the
 //!   write path's crash-safety tests; `search-index-bulk-commit`: before the search
-//!   index commits a bulk load).
+//!   index commits a bulk load). Inside a scope (`in_scope`), `crash:<scope>.<point>`
+//!   kills only there: `crash:late.commit_objects` dies after a late save's blob is
+//!   written to git, before its commit is (`commit/late.rs`).
 //! - `panic:<tool>`: panic inside `<tool>` (the daemon must survive it).
 //! - `fail:<point>`: fail with an I/O error when execution reaches `<point>`
 //!   (`fail:commit_outside`: committing a version found in place of the planned one).
 //! - `off:<feature>`: behave as on a system without `<feature>`: `off:exchange` swaps
 //!   pages in as on a file system without an atomic exchange (`commit/place.rs`).
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -104,10 +107,35 @@ pub fn panic_point(tool: &str) {
     }
 }
 
+thread_local! {
+    /// The scope `in_scope` runs this thread in, for `crash:<scope>.<point>`.
+    static SCOPE: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// Run `f` in `scope`: a crash point reached inside also answers to
+/// `crash:<scope>.<point>` (a point shared by many paths, crashed on one of them).
+pub fn in_scope<T>(scope: &'static str, f: impl FnOnce() -> T) -> T {
+    let outer = SCOPE.with(|s| s.replace(Some(scope)));
+    let result = f();
+    SCOPE.with(|s| s.set(outer));
+    result
+}
+
 /// Abort the process here if a test asked for a crash at `point`.
 pub fn crash_point(point: &str) {
     tracing::trace!(point, "write step");
-    if faults().crashes.iter().any(|p| p == point) {
+    let crashes = &faults().crashes;
+    if crashes.is_empty() {
+        return;
+    }
+    let scoped = |p: &String| {
+        SCOPE.with(Cell::get).is_some_and(|scope| {
+            p.strip_prefix(scope)
+                .and_then(|rest| rest.strip_prefix('.'))
+                == Some(point)
+        })
+    };
+    if crashes.iter().any(|p| p == point || scoped(p)) {
         tracing::error!(point, "injected crash");
         // SIGKILL, like `kill -9`: no unwinding, no destructors, no core dump.
         let _ =

@@ -30,6 +30,20 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Every file under `dir`.
+fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walkdir(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 /// Every line any commit of HEAD's history added to `path`.
 fn added_lines(root: &Path, path: &str) -> HashSet<String> {
     git(root, &["log", "-p", "--format=", "--", path])
@@ -464,6 +478,56 @@ async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyho
     Ok(())
 }
 
+/// The same late save, but the daemon dies inside the commit of it: the watcher
+/// found it and wrote its blob to git, not yet its commit. That blob is in git's
+/// object store, unreachable, and the save is nowhere else but the kept file:
+/// recovery commits it all the same (it took any blob in the object store for a
+/// committed one and let the save go: 1 run in 40 of the kill loop with an editor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_save_whose_commit_a_kill_cut_short_is_kept() -> anyhow::Result<()> {
+    let env = Env::with_faults("crash:late.commit_objects");
+    let root = env.workspace_dir("lab");
+    let page = root.join(PAGE);
+    let (client, held, editor_text) = page_held_open_across_a_write(&env).await?;
+    let daemon = env.daemon_pid();
+    save_in_place(held, &editor_text)?;
+    // The watcher finds the save and dies inside its commit.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.is_some() && env.daemon_pid() == daemon && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_ne!(
+        env.daemon_pid(),
+        daemon,
+        "the daemon did not die committing the late save"
+    );
+    let _ = client.cancel().await;
+    // What the kill left: the save's blob in git's object store, in no commit.
+    let saved = env.dir.path().join("saved");
+    std::fs::write(&saved, &editor_text)?;
+    let blob = git(&root, &["hash-object", &saved.to_string_lossy()]);
+    git(&root, &["cat-file", "-e", blob.trim()]);
+    assert!(
+        !added_lines(&root, PAGE).contains("editor save into the file it had open"),
+        "the save was committed before the kill"
+    );
+    let restarted = without_faults(&env);
+    let client = restarted.client(Some("lab")).await?;
+    let in_git = added_lines(&root, PAGE);
+    assert!(
+        in_git.contains("editor save into the file it had open"),
+        "the editor's late save is not in git after the restart"
+    );
+    assert!(in_git.contains("agent line acknowledged"));
+    assert!(
+        std::fs::read_to_string(&page)?.contains("editor save into the file it had open"),
+        "the late save is not on the page"
+    );
+    git(&root, &["fsck", "--no-progress"]);
+    client.cancel().await?;
+    Ok(())
+}
+
 /// A workspace `lab` with the page created, held open by an editor that read it,
 /// then replaced by an agent's acknowledged append. Returns the client, the editor's
 /// file and the text it will save (what it read and a line of its own).
@@ -750,6 +814,28 @@ async fn random_kills_while_an_editor_saves_lose_no_line() -> anyhow::Result<()>
                 .map(|e| e.file_name())
                 .collect::<Vec<_>>()
         );
+    }
+    // Where each lost save is left, if anywhere: a run's kept file, and whether git's
+    // object store has its blob (unreachable) — what found the last loss of this kind.
+    for save in &lost_saves {
+        for entry in walkdir(&root.join("runs")) {
+            let Ok(bytes) = std::fs::read(&entry) else {
+                continue;
+            };
+            if String::from_utf8_lossy(&bytes).contains(save.as_str()) {
+                let blob = git(&root, &["hash-object", &entry.to_string_lossy()]);
+                let stored = Command::new("git")
+                    .args(["cat-file", "-e", blob.trim()])
+                    .current_dir(&root)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                eprintln!(
+                    "{save} is in {} (blob {}, in git's object store: {stored})",
+                    entry.display(),
+                    blob.trim()
+                );
+            }
+        }
     }
     eprintln!(
         "kills while editing: {rounds} kills, {} acknowledged agent lines, {} editor saves; {} lines and {} saves missing from git",

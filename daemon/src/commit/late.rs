@@ -125,8 +125,9 @@ pub(crate) fn recover(store: &Store, workspace: &str, report: &mut Vec<String>) 
         .map(|e| e.path())
         .collect();
     dirs.sort();
+    let mut history = History::default();
     for dir in dirs {
-        match recover_dir(store, workspace, &dir) {
+        match recover_dir(store, workspace, &dir, &mut history) {
             Ok((n, watches)) => {
                 if n > 0 {
                     report.push(format!(
@@ -160,7 +161,12 @@ pub(crate) fn recover(store: &Store, workspace: &str, report: &mut Vec<String>) 
 /// many saves were committed, and the watches of the replaced files for a grace period
 /// from now: an editor that held one open across the restart may save into it yet
 /// (such a save was lost when the directory was removed at once).
-fn recover_dir(store: &Store, workspace: &str, dir: &Path) -> ToolResult<(usize, Vec<Watch>)> {
+fn recover_dir(
+    store: &Store,
+    workspace: &str,
+    dir: &Path,
+    history: &mut History,
+) -> ToolResult<(usize, Vec<Watch>)> {
     let Some(mut manifest) = load_manifest(dir) else {
         return Ok((0, Vec::new()));
     };
@@ -201,25 +207,54 @@ fn recover_dir(store: &Store, workspace: &str, dir: &Path) -> ToolResult<(usize,
             .flatten()
     };
     let (late, placed) = state.with_repo(&root, |repo| -> ToolResult<_> {
-        let known = |bytes: &[u8]| {
-            git2::Oid::from_str(&revision(bytes))
-                .ok()
-                .is_some_and(|oid| repo.find_blob(oid).is_ok())
-        };
-        let late: Vec<Vec<u8>> = kept
-            .iter()
-            .filter(|k| k.swapped() && !ours.contains(revision(&k.bytes).as_str()))
-            .filter(|k| !known(&k.bytes))
-            .map(|k| k.bytes.clone())
-            .collect();
-        let placed = commit
+        let run_commit = commit
             .as_deref()
             .and_then(|c| git2::Oid::from_str(c).ok())
-            .and_then(|oid| repo.find_commit(oid).ok())
-            .and_then(|c| c.tree().ok())
-            .and_then(|t| t.get_path(Path::new(&manifest.path)).ok())
-            .map(|e| e.id().to_string());
-        Ok((late, placed))
+            .and_then(|oid| repo.find_commit(oid).ok());
+        let at_path = |commit: &git2::Commit<'_>| {
+            commit
+                .tree()
+                .ok()
+                .and_then(|t| t.get_path(Path::new(&manifest.path)).ok())
+                .map(|e| e.id())
+        };
+        let placed = run_commit.as_ref().and_then(at_path);
+        // What the run replaced first: the version before its commit.
+        let before = run_commit
+            .as_ref()
+            .and_then(|c| c.parent(0).ok())
+            .as_ref()
+            .and_then(at_path);
+        let mut late = Vec::new();
+        for k in kept.iter().filter(|k| k.swapped()) {
+            let rev = revision(&k.bytes);
+            if ours.contains(rev.as_str()) || manifest.old_rev.as_deref() == Some(rev.as_str()) {
+                continue;
+            }
+            let Ok(blob) = git2::Oid::from_str(&rev) else {
+                continue;
+            };
+            if before == Some(blob) {
+                continue;
+            }
+            // In git's object store is not committed: a daemon killed inside the
+            // commit of this very save (its blob written, its commit not) left the
+            // blob behind, unreachable. Only history counts.
+            if repo.find_blob(blob).is_ok()
+                && history
+                    .holds(
+                        repo,
+                        &manifest.path,
+                        blob,
+                        run_commit.as_ref().map(|c| c.id()),
+                    )
+                    .map_err(git2_error)?
+            {
+                continue;
+            }
+            late.push(k.bytes.clone());
+        }
+        Ok((late, placed.map(|id| id.to_string())))
     })?;
     let mut placed = placed;
     let until = Instant::now() + GRACE;
@@ -252,6 +287,73 @@ fn recover_dir(store: &Store, workspace: &str, dir: &Path) -> ToolResult<(usize,
             }),
     );
     Ok((late.len(), watches))
+}
+
+/// The versions HEAD's first-parent history holds at a path, read once per path
+/// while recovery goes through the kept directories of a workspace, and only as far
+/// down as a question needs.
+#[derive(Default)]
+struct History {
+    paths: std::collections::HashMap<String, Walked>,
+}
+
+#[derive(Default)]
+struct Walked {
+    /// Where the walk goes on from (None: at the root).
+    next: Option<git2::Oid>,
+    begun: bool,
+    /// The commits walked, with how many came before each.
+    commits: std::collections::HashMap<git2::Oid, usize>,
+    blobs: std::collections::HashSet<git2::Oid>,
+}
+
+/// How many commits below a run's own commit still count: the outside versions its
+/// write committed before it, and the runs of its group.
+const BELOW_RUN: usize = RECOVERY_DEPTH;
+/// Most commits walked for one path (about 10 µs each).
+const MOST_WALKED: usize = 200_000;
+
+impl History {
+    /// Whether HEAD's history holds `blob` at `path`, from HEAD down past the run's
+    /// commit `run` (`BELOW_RUN` more; the run's commit unknown: `RECOVERY_DEPTH`).
+    fn holds(
+        &mut self,
+        repo: &git2::Repository,
+        path: &str,
+        blob: git2::Oid,
+        run: Option<git2::Oid>,
+    ) -> Result<bool, git2::Error> {
+        let walked = self.paths.entry(path.to_string()).or_default();
+        if !walked.begun {
+            walked.begun = true;
+            walked.next = Some(repo.head()?.peel_to_commit()?.id());
+        }
+        loop {
+            if walked.blobs.contains(&blob) {
+                return Ok(true);
+            }
+            let depth = match run {
+                None => RECOVERY_DEPTH,
+                Some(run) => match walked.commits.get(&run) {
+                    Some(at) => at + 1 + BELOW_RUN,
+                    None => MOST_WALKED,
+                },
+            };
+            if walked.commits.len() >= depth.min(MOST_WALKED) {
+                return Ok(false);
+            }
+            let Some(id) = walked.next else {
+                return Ok(false);
+            };
+            let commit = repo.find_commit(id)?;
+            let at = walked.commits.len();
+            walked.commits.insert(id, at);
+            if let Ok(entry) = commit.tree()?.get_path(Path::new(path)) {
+                walked.blobs.insert(entry.id());
+            }
+            walked.next = commit.parent_id(0).ok();
+        }
+    }
 }
 
 impl Watch {
@@ -343,13 +445,16 @@ fn run(store: &Store) {
             let Some(bytes) = watch.replaced.bytes.clone() else {
                 continue;
             };
-            match commit_late(
-                store,
-                &watch.manifest,
-                watch.placed.as_deref(),
-                &bytes,
-                watch.until,
-            ) {
+            let committed = crate::faults::in_scope("late", || {
+                commit_late(
+                    store,
+                    &watch.manifest,
+                    watch.placed.as_deref(),
+                    &bytes,
+                    watch.until,
+                )
+            });
+            match committed {
                 Ok((placed, replaced)) => {
                     if let Some(placed) = placed {
                         watch.placed = Some(placed);

@@ -821,6 +821,8 @@ impl<'r> Session<'r> {
             };
             entries.push((change.path.to_string(), entry));
         }
+        // Blobs written, the commit not yet: a kill here leaves them unreachable.
+        crate::faults::crash_point("commit_objects");
         let committer = Signature::now("alexandria", "alexandria@localhost")?;
         let id = self.make(self.tip, &entries, message, author, &committer)?;
         self.touched.extend(entries.iter().cloned());
