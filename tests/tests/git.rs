@@ -494,6 +494,91 @@ async fn hand_commits_in_a_tight_loop_never_delete_an_agent_page() -> anyhow::Re
     Ok(())
 }
 
+/// Under a steady stream of agent writes the daemon keeps `.git/index.lock` between
+/// writes and lets it go once a second (after it wrote git's index); the next write
+/// then waits a little before it takes it again, so that a person's git command, run
+/// again when it meets the lock (as git tells them to), gets in. Without that gap the
+/// next write took the lock again within microseconds, and a `git add` retried for
+/// 10 s could fail (the kill loop, 1 round in about 400). Here the person is a probe
+/// that takes the lock as git does (`O_CREAT | O_EXCL`) every few ms and lets it go at
+/// once, so the stream stays as it is; it must get in at least once a second or so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_by_hand_gets_in_under_a_steady_stream_of_writes() -> anyhow::Result<()> {
+    /// Longest the probe may find the lock taken, with the stream steady.
+    const SHUT_AT_MOST: Duration = Duration::from_millis(1_800);
+    let env = Env::new();
+    env.ok(&["init"]);
+    env.ok(&["workspace", "create", "lab"]);
+    let root = env.workspace_dir("lab");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for session in 0..3 {
+        let client = env.client(Some("lab")).await?;
+        let done = std::sync::Arc::clone(&done);
+        writers.push(tokio::spawn(async move {
+            let mut created = Vec::new();
+            let mut n = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let path = format!("wiki/s{session}/{n}.md");
+                let rev = create_page(&client, &path, &format!("# S {session} {n}\n")).await?;
+                created.push((path, rev));
+                n += 1;
+            }
+            client.cancel().await?;
+            anyhow::Ok(created)
+        }));
+    }
+    let lock = root.join(".git/index.lock");
+    let probe = tokio::task::spawn_blocking(move || {
+        let began = Instant::now();
+        let mut last_in = Instant::now();
+        let mut longest = Duration::ZERO;
+        let mut got_in = 0;
+        while began.elapsed() < Duration::from_secs(4) {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&lock)
+            {
+                Ok(_) => {
+                    std::fs::remove_file(&lock)?;
+                    got_in += 1;
+                    last_in = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    longest = longest.max(last_in.elapsed());
+                }
+                Err(e) => return Err(e.into()),
+            }
+            // About as often as a person's git, run again at once, takes the lock.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        anyhow::Ok((longest, got_in))
+    });
+    let probed = probe.await?;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut created = Vec::new();
+    for writer in writers {
+        created.extend(writer.await??);
+    }
+    let (longest, got_in) = probed?;
+    eprintln!(
+        "the lock was taken for at most {longest:?} at a time; got in {got_in} times, under a stream of {} writes",
+        created.len()
+    );
+    assert!(
+        longest <= SHUT_AT_MOST,
+        "git's index lock stayed taken for {longest:?} under a stream of writes"
+    );
+    assert!(
+        created.len() > 100,
+        "the stream was not steady: {} writes",
+        created.len()
+    );
+    assert_in_head(&root, &created);
+    Ok(())
+}
+
 /// `git commit` reads git's index before it takes `.git/index.lock` and writes the copy it
 /// read back; a commit that raced a daemon write therefore leaves an index without the
 /// write's page, and the person's next commit (or one that read HEAD late enough) drops

@@ -935,13 +935,34 @@ fn hand_git(dir: &Path, args: &[&str]) {
             return;
         }
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            (stderr.contains("index.lock")
-                || stderr.contains("could not write index")
-                || stderr.contains("cannot lock ref"))
-                && std::time::Instant::now() < deadline,
-            "git {args:?}: {stderr}"
-        );
+        let retry = stderr.contains("index.lock")
+            || stderr.contains("could not write index")
+            || stderr.contains("cannot lock ref");
+        if !retry || std::time::Instant::now() >= deadline {
+            // What the daemon did with git's index meanwhile, for whoever looks.
+            let home = dir.parent().and_then(Path::parent).and_then(Path::parent);
+            let mut log = String::new();
+            for entry in home
+                .and_then(|h| std::fs::read_dir(h.join("logs")).ok())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if entry.file_name().to_string_lossy().starts_with("daemon") {
+                    log.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+                }
+            }
+            let tail: Vec<&str> = log
+                .lines()
+                .filter(|l| !l.contains("rmcp::"))
+                .rev()
+                .take(40)
+                .collect();
+            panic!(
+                "git {args:?}: {stderr}\ndaemon log, newest first:\n{}",
+                tail.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }

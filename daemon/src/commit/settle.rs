@@ -6,7 +6,8 @@
 //! 100k). A group commit leaves it unwritten and keeps `.git/index.lock` (so nobody
 //! reads the old index meanwhile); the next group goes on from there. The settler
 //! thread writes it `QUIET` after the last group, or `AT_MOST` after the first one that
-//! left it under a steady stream of writes, under the workspace's index guard. What
+//! left it under a steady stream of writes, under the workspace's index guard; then,
+//! if writes are still coming, the next one waits `GAP` so git by hand can get in. What
 //! else reads git's index settles first (`now`): a sync's merge, a rename or archive,
 //! the check for pages a hand commit dropped, the daemon's stop. After a crash,
 //! recovery stages what the index missed (`git::stage_last_commit`).
@@ -25,10 +26,17 @@ const QUIET: Duration = Duration::from_millis(20);
 const AT_MOST: Duration = Duration::from_secs(1);
 /// When a settle failed (a full disk): when to try again.
 const RETRY: Duration = Duration::from_secs(1);
+/// After an index written under a steady stream of writes (`AT_MOST`), how long the
+/// next group waits before it takes `.git/index.lock` again: a gap for git by hand.
+/// Without it the next group took the lock within microseconds, and a person's
+/// `git add` retried every few ms for 10 s never got in (the kill loop, 1 round in 40).
+const GAP: Duration = Duration::from_millis(10);
 
 struct Unsettled {
     state: Arc<WorkspaceState>,
     due: Instant,
+    /// Due at `AT_MOST`, not after a pause: writes are still coming.
+    streaming: bool,
 }
 
 #[derive(Default)]
@@ -68,13 +76,15 @@ pub(crate) fn later(state: &Arc<WorkspaceState>, root: &Path, since: Instant) {
         Some(delay) => (delay, delay),
         None => (QUIET, AT_MOST),
     };
-    let due = (Instant::now() + quiet).min(since + at_most);
+    let after_pause = Instant::now() + quiet;
+    let due = after_pause.min(since + at_most);
     let mut map = settler.due.lock().unwrap_or_else(|p| p.into_inner());
     map.insert(
         root.to_path_buf(),
         Unsettled {
             state: Arc::clone(state),
             due,
+            streaming: due < after_pause,
         },
     );
     settler.changed.notify_one();
@@ -99,6 +109,42 @@ pub(crate) fn now(state: &WorkspaceState, root: &Path) -> bool {
     state
         .with_repo(root, |repo| Ok::<bool, git2::Error>(now_locked(repo)))
         .unwrap_or(false)
+}
+
+/// `now` for the settler. When the writes are still coming (`streaming`, or a write
+/// held the guard when the settle came: a group took longer than `QUIET`) and the lock
+/// was last free for a while (`last_free`) `AT_MOST` ago or more, the index guard is
+/// kept `GAP` longer once git's lock is released (the writes queued behind it wait),
+/// so that git by hand can take it: at most one such wait a second.
+fn written(
+    state: &WorkspaceState,
+    root: &Path,
+    streaming: bool,
+    last_free: &mut Option<Instant>,
+) -> bool {
+    let (_index, busy) = match state.index_lock.try_lock() {
+        Ok(guard) => (guard, false),
+        Err(std::sync::TryLockError::Poisoned(p)) => (p.into_inner(), false),
+        Err(std::sync::TryLockError::WouldBlock) => (
+            state.index_lock.lock().unwrap_or_else(|p| p.into_inner()),
+            true,
+        ),
+    };
+    let done = state
+        .with_repo(root, |repo| Ok::<bool, git2::Error>(now_locked(repo)))
+        .unwrap_or(false);
+    if !done {
+        return false;
+    }
+    let now = Instant::now();
+    if !(streaming || busy) {
+        // The writes paused: the lock stays free until the next one.
+        *last_free = Some(now);
+    } else if last_free.is_none_or(|free| now.saturating_duration_since(free) >= AT_MOST) {
+        std::thread::sleep(GAP);
+        *last_free = Some(now);
+    }
+    true
 }
 
 /// Write every index left unwritten (the daemon stops), waiting at most `limit`: work
@@ -152,6 +198,8 @@ fn all() {
 
 impl Settler {
     fn run(&self) {
+        // When git's index lock was last left free for a while, by workspace.
+        let mut free: HashMap<PathBuf, Instant> = HashMap::new();
         let mut map = self.due.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let clock = Instant::now();
@@ -179,11 +227,17 @@ impl Settler {
                 .collect();
             drop(map);
             for (root, unsettled) in taken {
-                if !now(&unsettled.state, &root) && root.exists() {
+                let mut last_free = free.get(&root).copied();
+                let done = written(&unsettled.state, &root, unsettled.streaming, &mut last_free);
+                if let Some(at) = last_free {
+                    free.insert(root.clone(), at);
+                }
+                if !done && root.exists() {
                     let mut map = self.due.lock().unwrap_or_else(|p| p.into_inner());
                     map.entry(root).or_insert(Unsettled {
                         state: unsettled.state,
                         due: Instant::now() + RETRY,
+                        streaming: false,
                     });
                 }
             }
