@@ -438,17 +438,7 @@ async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyho
     // Started again (without the slowed watcher): recovery commits the late save.
     let restarted = without_faults(&env);
     let client = restarted.client(Some("lab")).await?;
-    let in_git = added_lines(&root, PAGE);
-    assert!(
-        in_git.contains("editor save into the file it had open"),
-        "the editor's late save is not in git"
-    );
-    assert!(in_git.contains("agent line acknowledged"));
-    let final_text = std::fs::read_to_string(&page)?;
-    assert!(
-        final_text.contains("editor save into the file it had open"),
-        "the late save is not on the page: {final_text}"
-    );
+    late_save_kept(&root)?;
     let history = call(
         &client,
         "history",
@@ -487,7 +477,6 @@ async fn a_save_into_a_replaced_file_survives_a_crash_after_the_write() -> anyho
 async fn a_late_save_whose_commit_a_kill_cut_short_is_kept() -> anyhow::Result<()> {
     let env = Env::with_faults("crash:late.commit_objects");
     let root = env.workspace_dir("lab");
-    let page = root.join(PAGE);
     let (client, held, editor_text) = page_held_open_across_a_write(&env).await?;
     let daemon = env.daemon_pid();
     save_in_place(held, &editor_text)?;
@@ -513,18 +502,26 @@ async fn a_late_save_whose_commit_a_kill_cut_short_is_kept() -> anyhow::Result<(
     );
     let restarted = without_faults(&env);
     let client = restarted.client(Some("lab")).await?;
-    let in_git = added_lines(&root, PAGE);
+    late_save_kept(&root)?;
+    git(&root, &["fsck", "--no-progress"]);
+    client.cancel().await?;
+    Ok(())
+}
+
+/// After the restart: the editor's late save and the agent's line are in git, and the
+/// save is on the page (`page_held_open_across_a_write`'s texts).
+fn late_save_kept(root: &Path) -> anyhow::Result<()> {
+    let in_git = added_lines(root, PAGE);
     assert!(
         in_git.contains("editor save into the file it had open"),
         "the editor's late save is not in git after the restart"
     );
     assert!(in_git.contains("agent line acknowledged"));
+    let final_text = std::fs::read_to_string(root.join(PAGE))?;
     assert!(
-        std::fs::read_to_string(&page)?.contains("editor save into the file it had open"),
-        "the late save is not on the page"
+        final_text.contains("editor save into the file it had open"),
+        "the late save is not on the page: {final_text}"
     );
-    git(&root, &["fsck", "--no-progress"]);
-    client.cancel().await?;
     Ok(())
 }
 
