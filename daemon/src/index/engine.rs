@@ -2202,34 +2202,31 @@ pub fn complete(
     )?;
     let mut hits = Vec::with_capacity(ranked.len());
     for hit in ranked {
-        let Some((path, layer, kind, page, heading, body)) = statement
+        let found = statement
             .query_row(params![hit.rowid, hit.file_id], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, String>(2)?,
-                    row.get::<_, Option<i64>>(3)?,
-                    row.get::<_, Option<String>>(4)?,
-                    row.get::<_, String>(5)?,
-                ))
+                // The snippet is made from SQLite's copy of the text, not a new one.
+                let body = row.get_ref(5)?.as_str()?;
+                // No phrase in the text (the index answered from a chunk changed since):
+                // the chunk's opening words then.
+                let snippet = super::snippet::snippet(body, &phrases, SNIPPET_TOKENS)
+                    .unwrap_or_else(|| opening(body));
+                let trimmed = snippet.trim();
+                Ok(Hit {
+                    path: row.get(0)?,
+                    layer: row.get(1)?,
+                    kind: row.get(2)?,
+                    page: row.get(3)?,
+                    heading: row.get::<_, Option<String>>(4)?.unwrap_or_default(),
+                    snippet: if trimmed.len() == snippet.len() {
+                        snippet
+                    } else {
+                        trimmed.to_string()
+                    },
+                    score: f64::from(hit.score),
+                })
             })
-            .optional()?
-        else {
-            continue;
-        };
-        // No phrase in the text (the index answered from a chunk changed since): the
-        // chunk's opening words then.
-        let snippet = super::snippet::snippet(&body, &phrases, SNIPPET_TOKENS)
-            .unwrap_or_else(|| opening(&body));
-        hits.push(Hit {
-            path,
-            layer,
-            kind,
-            page,
-            heading: heading.unwrap_or_default(),
-            snippet: snippet.trim().to_string(),
-            score: f64::from(hit.score),
-        });
+            .optional()?;
+        hits.extend(found);
     }
     Ok(hits)
 }
