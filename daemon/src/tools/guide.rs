@@ -33,7 +33,11 @@ pub fn guide(store: &Store, binding: &Binding, params: GuideParams) -> ToolResul
             params.workspace.as_deref(),
         )?),
     };
-    let connection = crate::blocking::checkout(&store.pool)?;
+    let pooled = crate::blocking::checkout(&store.pool)?;
+    // The guide's statements read in one transaction (it writes nothing): each alone is
+    // a transaction of its own, the WAL's read lock taken and let go (2 `fcntl`s), and
+    // the guide of a workspace ran eight.
+    let connection = pooled.unchecked_transaction()?;
     let mut text = String::from(GUIDE_INTRO);
     text.push_str("\n\n");
     match describe_one {
