@@ -59,9 +59,10 @@ struct Args {
     #[arg(long, value_name = "BACKLOG")]
     sync: Option<usize>,
     /// Only the search index (issue 15), for each size: cold index time and memory,
-    /// searches (with --base-bin-dir: the same to a daemon of that build too,
-    /// round-robin), rebuilds after losing the index or state.db; prints the table and
-    /// writes no report
+    /// searches and the other read-only tools over a socket client (with
+    /// --base-bin-dir: the same calls to a daemon of that build too, round-robin),
+    /// rebuilds after losing the index or state.db; prints the table and writes no
+    /// report
     #[arg(long)]
     search: bool,
     /// Only check that a long-running daemon stays flat (issue 15): after the cold

@@ -153,11 +153,8 @@ pub fn run(
         )
         .note("this build's daemon; floor of the rows below"),
     );
-    for (figure, query) in &cases {
-        let args = json!({"query": query});
-        let summaries = interleaved(&mut clients, plan, |client| {
-            client.call_tool("search", args.clone()).map(|_| ())
-        })?;
+    // A row for a figure's summaries: this build's, and base's beside it.
+    let compared = |figure: &str, summaries: &[Summary]| {
         let on = summaries[0];
         let mut row = latency(figure, &label, on);
         let mut note = format!(
@@ -167,13 +164,26 @@ pub fn run(
         if let Some(base) = summaries.get(1) {
             row = row.floor("base", base.p50);
             note.push_str(&format!(
-                "; base {} ({} over its ping), {:.1}× faster",
+                "; base {} ({} over its ping), {:.1}× faster; over the ping {:.2}× base's",
                 format_duration(base.p50),
                 format_duration(base.p50.saturating_sub(pings[1].p50)),
-                base.p50.as_secs_f64() / on.p50.as_secs_f64().max(1e-9)
+                base.p50.as_secs_f64() / on.p50.as_secs_f64().max(1e-9),
+                on.p50.saturating_sub(pings[0].p50).as_secs_f64()
+                    / base
+                        .p50
+                        .saturating_sub(pings[1].p50)
+                        .as_secs_f64()
+                        .max(1e-9)
             ));
         }
-        rows.push(row.note(note));
+        row.note(note)
+    };
+    for (figure, query) in &cases {
+        let args = json!({"query": query});
+        let summaries = interleaved(&mut clients, plan, |client| {
+            client.call_tool("search", args.clone()).map(|_| ())
+        })?;
+        rows.push(compared(figure, &summaries));
         // Same hits (paths, with a page's sections) from both, when they are all
         // returned (the top 1000 of 10k matches differ with the scoring).
         let found: Vec<Vec<String>> = clients
@@ -190,6 +200,23 @@ pub fn run(
                 b.len()
             );
         }
+    }
+    // The other read-only tools (`--tools`' rows), round-robin too: the same arguments
+    // to both daemons in a round.
+    for case in crate::run::tool_cases(&corpus)?
+        .into_iter()
+        .filter(|case| case.tool != "search")
+    {
+        let calls = std::cell::Cell::new(0usize);
+        let daemons = clients.len();
+        let summaries = interleaved(&mut clients, plan, |client| {
+            let call = calls.get();
+            calls.set(call + 1);
+            client
+                .call_tool(case.tool, (case.args)(call / daemons))
+                .map(|_| ())
+        })?;
+        rows.push(compared(&case.figure, &summaries));
     }
     drop(clients);
     let (mut index, _) = homes.remove(0);
