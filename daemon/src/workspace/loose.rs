@@ -6,8 +6,14 @@
 //! `multi-pack-index`) because the object was in no pack it knew. With 8 writers at
 //! 10k pages `git_odb_write` was a fifth of the daemon's CPU time.
 //!
-//! The id is libgit2's hash (`Oid::hash_object`): its SHA-1 detects the collision
+//! A blob's id is libgit2's hash (`Oid::hash_object`): its SHA-1 detects the collision
 //! attacks (SHAttered), so two crafted pages can never pass for one object, as in git.
+//! A tree's or a commit's id is the same SHA-1 from the `sha1` crate (SHA-NI where the
+//! CPU has it): the daemon composes those bytes itself, from names that hold no NUL
+//! and from ids that are hashes, so no attack's near-random blocks can be in them, and
+//! for anything else the detecting SHA-1 gives the same id. Hashing the trees with the
+//! detecting one was a third of the daemon's samples with 8 writers into a folder of
+//! 4,000 pages: each commit hashes the whole tree of every folder above its page.
 //!
 //! A tree of `STORE_FROM` bytes or more (a folder of some 400 pages) is written in zlib's
 //! stored blocks, uncompressed: compressing the 86 KB tree of a folder of 2,000 pages
@@ -164,6 +170,16 @@ fn feed(
     }
 }
 
+/// git's id of an object the daemon composed (a tree, a commit): SHA-1 of its header
+/// and bytes, without collision detection (see the module's note).
+fn composed_id(header: &[u8], data: &[u8]) -> io::Result<Oid> {
+    use sha1::{Digest, Sha1};
+    let mut hasher = Sha1::new();
+    hasher.update(header);
+    hasher.update(data);
+    Oid::from_bytes(&hasher.finalize()).map_err(io::Error::other)
+}
+
 /// Write `data` as a loose object of `kind` into `objects` (a repository's
 /// `.git/objects`); its id, which is git's (`git hash-object`).
 pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
@@ -180,7 +196,10 @@ pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
         }
     };
     let header = format!("{name} {}\0", data.len());
-    let id = Oid::hash_object(kind, data).map_err(io::Error::other)?;
+    let id = match kind {
+        ObjectType::Tree | ObjectType::Commit => composed_id(header.as_bytes(), data)?,
+        _ => Oid::hash_object(kind, data).map_err(io::Error::other)?,
+    };
     let hex = id.to_string();
     let dir = objects.join(&hex[..2]);
     let path = dir.join(&hex[2..]);
@@ -428,6 +447,18 @@ mod tests {
                 )),
                 String::from_utf8_lossy(&expected),
                 "{name} {offset}"
+            );
+            // Its id, hashed without collision detection, is git's.
+            let bytes = commit_bytes(tree.id(), &ids, &author, &committer, message);
+            let id =
+                write(&repo.path().join("objects"), ObjectType::Commit, &bytes).expect("write");
+            assert_eq!(
+                id,
+                Oid::hash_object(ObjectType::Commit, &bytes).expect("hash")
+            );
+            assert_eq!(
+                repo.find_commit(id).expect("read").message().ok(),
+                Some(message)
             );
         }
     }
