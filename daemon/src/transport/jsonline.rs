@@ -3,53 +3,507 @@
 //! and a glob batch's answer carries its 40,000 characters twice, in the text and in
 //! `structuredContent`: that loop was the largest single item of the call's profile).
 //!
-//! The message goes through `serde_json::Value` first (rmcp's types serialize into
-//! it); numbers are written by serde_json itself, so the bytes are serde_json's own.
+//! The message is serialized straight into the line by a serializer of its own
+//! (`Line`): compact JSON as serde_json writes it, numbers written by serde_json
+//! itself, so the bytes are serde_json's own. It used to go through a
+//! `serde_json::Value` first, which copied every string of the answer once more (4.7 %
+//! of a glob batch's samples).
 
 use serde::Serialize;
-use serde_json::Value;
+use serde::ser::{self, Error as _};
 
 /// `message` as one line (with its `\n`) in `out`, which is cleared first (the caller
 /// keeps it between frames, so a frame does not grow a buffer from nothing).
 pub fn write_line<T: Serialize>(message: &T, out: &mut Vec<u8>) -> serde_json::Result<()> {
     out.clear();
-    let value = serde_json::to_value(message)?;
-    write_value(out, &value)?;
+    message.serialize(&mut Line { out: &mut *out })?;
     out.push(b'\n');
     Ok(())
 }
 
-fn write_value(out: &mut Vec<u8>, value: &Value) -> serde_json::Result<()> {
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(number) => serde_json::to_writer(&mut *out, number)?,
-        Value::String(text) => write_str(out, text),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_value(out, item)?;
-            }
-            out.push(b']');
-        }
-        Value::Object(map) => {
-            out.push(b'{');
-            for (i, (key, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_str(out, key);
-                out.push(b':');
-                write_value(out, item)?;
-            }
-            out.push(b'}');
+/// The serializer: compact JSON into `out`.
+struct Line<'o> {
+    out: &'o mut Vec<u8>,
+}
+
+impl Line<'_> {
+    /// A number as serde_json writes it (non-finite floats as `null`).
+    fn number<N: Serialize>(&mut self, number: N) -> serde_json::Result<()> {
+        serde_json::to_writer(&mut *self.out, &number)
+    }
+}
+
+/// A sequence, map or struct being written: whether an element was written yet, and
+/// what closes it (`]`, `}`, or also the `}` of a variant's object).
+struct Compound<'l, 'o> {
+    line: &'l mut Line<'o>,
+    first: bool,
+    close: &'static [u8],
+}
+
+impl Compound<'_, '_> {
+    fn comma(&mut self) {
+        if !std::mem::take(&mut self.first) {
+            self.line.out.push(b',');
         }
     }
-    Ok(())
+
+    fn field<T: ?Sized + Serialize>(&mut self, key: &str, value: &T) -> serde_json::Result<()> {
+        self.comma();
+        write_str(self.line.out, key);
+        self.line.out.push(b':');
+        value.serialize(&mut *self.line)
+    }
+
+    fn element<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
+        self.comma();
+        value.serialize(&mut *self.line)
+    }
+
+    fn end(self) -> serde_json::Result<()> {
+        self.line.out.extend_from_slice(self.close);
+        Ok(())
+    }
+}
+
+impl<'l, 'o> ser::Serializer for &'l mut Line<'o> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    type SerializeSeq = Compound<'l, 'o>;
+    type SerializeTuple = Compound<'l, 'o>;
+    type SerializeTupleStruct = Compound<'l, 'o>;
+    type SerializeTupleVariant = Compound<'l, 'o>;
+    type SerializeMap = Compound<'l, 'o>;
+    type SerializeStruct = Compound<'l, 'o>;
+    type SerializeStructVariant = Compound<'l, 'o>;
+
+    fn serialize_bool(self, v: bool) -> serde_json::Result<()> {
+        self.out
+            .extend_from_slice(if v { b"true" } else { b"false" });
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_i16(self, v: i16) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_i32(self, v: i32) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_i64(self, v: i64) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_i128(self, v: i128) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_u8(self, v: u8) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_u16(self, v: u16) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_u32(self, v: u32) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_u64(self, v: u64) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_u128(self, v: u128) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_f32(self, v: f32) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_f64(self, v: f64) -> serde_json::Result<()> {
+        self.number(v)
+    }
+    fn serialize_char(self, v: char) -> serde_json::Result<()> {
+        write_str(self.out, v.encode_utf8(&mut [0u8; 4]));
+        Ok(())
+    }
+    fn serialize_str(self, v: &str) -> serde_json::Result<()> {
+        write_str(self.out, v);
+        Ok(())
+    }
+    fn serialize_bytes(self, v: &[u8]) -> serde_json::Result<()> {
+        use ser::SerializeSeq as _;
+        let mut seq = self.serialize_seq(Some(v.len()))?;
+        for byte in v {
+            seq.serialize_element(byte)?;
+        }
+        seq.end()
+    }
+    fn serialize_none(self) -> serde_json::Result<()> {
+        self.serialize_unit()
+    }
+    fn serialize_some<T: ?Sized + Serialize>(self, value: &T) -> serde_json::Result<()> {
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> serde_json::Result<()> {
+        self.out.extend_from_slice(b"null");
+        Ok(())
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> serde_json::Result<()> {
+        self.serialize_unit()
+    }
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> serde_json::Result<()> {
+        self.serialize_str(variant)
+    }
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> serde_json::Result<()> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: ?Sized + Serialize>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> serde_json::Result<()> {
+        self.out.push(b'{');
+        write_str(self.out, variant);
+        self.out.push(b':');
+        value.serialize(&mut *self)?;
+        self.out.push(b'}');
+        Ok(())
+    }
+    fn serialize_seq(self, _len: Option<usize>) -> serde_json::Result<Compound<'l, 'o>> {
+        self.out.push(b'[');
+        Ok(Compound {
+            line: self,
+            first: true,
+            close: b"]",
+        })
+    }
+    fn serialize_tuple(self, len: usize) -> serde_json::Result<Compound<'l, 'o>> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        len: usize,
+    ) -> serde_json::Result<Compound<'l, 'o>> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> serde_json::Result<Compound<'l, 'o>> {
+        self.out.push(b'{');
+        write_str(self.out, variant);
+        self.out.extend_from_slice(b":[");
+        Ok(Compound {
+            line: self,
+            first: true,
+            close: b"]}",
+        })
+    }
+    fn serialize_map(self, _len: Option<usize>) -> serde_json::Result<Compound<'l, 'o>> {
+        self.out.push(b'{');
+        Ok(Compound {
+            line: self,
+            first: true,
+            close: b"}",
+        })
+    }
+    fn serialize_struct(
+        self,
+        _name: &'static str,
+        len: usize,
+    ) -> serde_json::Result<Compound<'l, 'o>> {
+        self.serialize_map(Some(len))
+    }
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> serde_json::Result<Compound<'l, 'o>> {
+        self.out.push(b'{');
+        write_str(self.out, variant);
+        self.out.extend_from_slice(b":{");
+        Ok(Compound {
+            line: self,
+            first: true,
+            close: b"}}",
+        })
+    }
+}
+
+impl ser::SerializeSeq for Compound<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_element<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
+        self.element(value)
+    }
+    fn end(self) -> serde_json::Result<()> {
+        Compound::end(self)
+    }
+}
+
+impl ser::SerializeTuple for Compound<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_element<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
+        self.element(value)
+    }
+    fn end(self) -> serde_json::Result<()> {
+        Compound::end(self)
+    }
+}
+
+impl ser::SerializeTupleStruct for Compound<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_field<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
+        self.element(value)
+    }
+    fn end(self) -> serde_json::Result<()> {
+        Compound::end(self)
+    }
+}
+
+impl ser::SerializeTupleVariant for Compound<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_field<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
+        self.element(value)
+    }
+    fn end(self) -> serde_json::Result<()> {
+        Compound::end(self)
+    }
+}
+
+impl ser::SerializeMap for Compound<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_key<T: ?Sized + Serialize>(&mut self, key: &T) -> serde_json::Result<()> {
+        self.comma();
+        key.serialize(Key {
+            out: &mut *self.line.out,
+        })
+    }
+    fn serialize_value<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
+        self.line.out.push(b':');
+        value.serialize(&mut *self.line)
+    }
+    fn end(self) -> serde_json::Result<()> {
+        Compound::end(self)
+    }
+}
+
+impl ser::SerializeStruct for Compound<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> serde_json::Result<()> {
+        self.field(key, value)
+    }
+    fn end(self) -> serde_json::Result<()> {
+        Compound::end(self)
+    }
+}
+
+impl ser::SerializeStructVariant for Compound<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> serde_json::Result<()> {
+        self.field(key, value)
+    }
+    fn end(self) -> serde_json::Result<()> {
+        Compound::end(self)
+    }
+}
+
+/// A map's key, as serde_json writes one: a string, or a number (a finite one), a bool
+/// or a char in quotes; anything else is refused as serde_json refuses it.
+struct Key<'o> {
+    out: &'o mut Vec<u8>,
+}
+
+impl Key<'_> {
+    fn quoted<N: Serialize>(self, number: N) -> serde_json::Result<()> {
+        self.out.push(b'"');
+        serde_json::to_writer(&mut *self.out, &number)?;
+        self.out.push(b'"');
+        Ok(())
+    }
+}
+
+fn key_must_be_a_string() -> serde_json::Error {
+    serde_json::Error::custom("key must be a string")
+}
+
+fn float_key_must_be_finite() -> serde_json::Error {
+    serde_json::Error::custom("float key must be finite (got NaN or +/-inf)")
+}
+
+impl ser::Serializer for Key<'_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    type SerializeSeq = ser::Impossible<(), serde_json::Error>;
+    type SerializeTuple = ser::Impossible<(), serde_json::Error>;
+    type SerializeTupleStruct = ser::Impossible<(), serde_json::Error>;
+    type SerializeTupleVariant = ser::Impossible<(), serde_json::Error>;
+    type SerializeMap = ser::Impossible<(), serde_json::Error>;
+    type SerializeStruct = ser::Impossible<(), serde_json::Error>;
+    type SerializeStructVariant = ser::Impossible<(), serde_json::Error>;
+
+    fn serialize_str(self, v: &str) -> serde_json::Result<()> {
+        write_str(self.out, v);
+        Ok(())
+    }
+    fn serialize_char(self, v: char) -> serde_json::Result<()> {
+        write_str(self.out, v.encode_utf8(&mut [0u8; 4]));
+        Ok(())
+    }
+    fn serialize_bool(self, v: bool) -> serde_json::Result<()> {
+        self.out
+            .extend_from_slice(if v { b"\"true\"" } else { b"\"false\"" });
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_i16(self, v: i16) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_i32(self, v: i32) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_i64(self, v: i64) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_i128(self, v: i128) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_u8(self, v: u8) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_u16(self, v: u16) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_u32(self, v: u32) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_u64(self, v: u64) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_u128(self, v: u128) -> serde_json::Result<()> {
+        self.quoted(v)
+    }
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> serde_json::Result<()> {
+        self.serialize_str(variant)
+    }
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> serde_json::Result<()> {
+        value.serialize(self)
+    }
+    fn serialize_f32(self, v: f32) -> serde_json::Result<()> {
+        if !v.is_finite() {
+            return Err(float_key_must_be_finite());
+        }
+        self.quoted(v)
+    }
+    fn serialize_f64(self, v: f64) -> serde_json::Result<()> {
+        if !v.is_finite() {
+            return Err(float_key_must_be_finite());
+        }
+        self.quoted(v)
+    }
+    fn serialize_bytes(self, _v: &[u8]) -> serde_json::Result<()> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_none(self) -> serde_json::Result<()> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_some<T: ?Sized + Serialize>(self, value: &T) -> serde_json::Result<()> {
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> serde_json::Result<()> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> serde_json::Result<()> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_newtype_variant<T: ?Sized + Serialize>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _value: &T,
+    ) -> serde_json::Result<()> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_seq(self, _len: Option<usize>) -> serde_json::Result<Self::SerializeSeq> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_tuple(self, _len: usize) -> serde_json::Result<Self::SerializeTuple> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        _len: usize,
+    ) -> serde_json::Result<Self::SerializeTupleStruct> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _len: usize,
+    ) -> serde_json::Result<Self::SerializeTupleVariant> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_map(self, _len: Option<usize>) -> serde_json::Result<Self::SerializeMap> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_struct(
+        self,
+        _name: &'static str,
+        _len: usize,
+    ) -> serde_json::Result<Self::SerializeStruct> {
+        Err(key_must_be_a_string())
+    }
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _len: usize,
+    ) -> serde_json::Result<Self::SerializeStructVariant> {
+        Err(key_must_be_a_string())
+    }
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;
@@ -140,7 +594,7 @@ fn write_str(out: &mut Vec<u8>, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn same_as_serde_json(value: &Value) {
         let mut out = Vec::new();
@@ -188,6 +642,159 @@ mod tests {
                 },
             },
         }));
+    }
+
+    /// Whatever serde's data model holds comes out as serde_json writes it: enums of
+    /// every kind, options, bytes, tuples, maps with keys of every kind serde_json
+    /// takes, non-finite floats (`null`); keys it refuses are refused.
+    #[test]
+    fn the_data_model_is_written_as_serde_json_writes_it() {
+        use std::collections::BTreeMap;
+        #[derive(Serialize)]
+        enum E {
+            Unit,
+            Newtype(u8),
+            Tuple(i32, String),
+            Struct { a: Option<f64>, b: Vec<u8> },
+        }
+        #[derive(Serialize)]
+        struct Unit;
+        #[derive(Serialize)]
+        struct Wrapper(String);
+        #[derive(Serialize)]
+        struct Pair(u16, bool);
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Message {
+            kinds: Vec<E>,
+            unit: Unit,
+            wrapper: Wrapper,
+            pair: Pair,
+            tuple: (char, i128, u128, f32),
+            #[serde(with = "serde_bytes_as_seq")]
+            bytes: Vec<u8>,
+            nothing: Option<String>,
+            by_int: BTreeMap<i64, &'static str>,
+            by_bool: BTreeMap<bool, u8>,
+            by_char: BTreeMap<char, u8>,
+            #[serde(flatten)]
+            rest: BTreeMap<String, serde_json::Value>,
+            floats: Vec<f64>,
+        }
+        mod serde_bytes_as_seq {
+            pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(v)
+            }
+        }
+        let message = Message {
+            kinds: vec![
+                E::Unit,
+                E::Newtype(7),
+                E::Tuple(-3, "t\"\n".into()),
+                E::Struct {
+                    a: Some(0.1),
+                    b: vec![1, 2],
+                },
+                E::Struct { a: None, b: vec![] },
+            ],
+            unit: Unit,
+            wrapper: Wrapper("w\u{1}".into()),
+            pair: Pair(65535, false),
+            tuple: ('\u{e9}', i128::MIN, u128::MAX, 1.5e-7),
+            bytes: vec![0, 255, 10],
+            nothing: None,
+            by_int: BTreeMap::from([(-1, "minus"), (42, "answer")]),
+            by_bool: BTreeMap::from([(false, 0), (true, 1)]),
+            by_char: BTreeMap::from([('"', 1), ('x', 2)]),
+            rest: BTreeMap::from([
+                ("flat".into(), serde_json::json!({"k": [1, 2.5, null]})),
+                ("z".into(), serde_json::json!("end")),
+            ]),
+            floats: vec![f64::NAN, f64::INFINITY, -0.0, 1e300, 123.456],
+        };
+        let mut out = Vec::new();
+        write_line(&message, &mut out).expect("writes");
+        let mut expected = serde_json::to_vec(&message).expect("serde_json");
+        expected.push(b'\n');
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&expected)
+        );
+        #[derive(Serialize)]
+        struct FloatKey(#[serde(serialize_with = "float_key")] ());
+        fn float_key<S: serde::Serializer>(_: &(), s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap as _;
+            let mut map = s.serialize_map(Some(2))?;
+            map.serialize_entry(&2.5f64, &1)?;
+            map.serialize_entry(&Some("k"), &2)?;
+            map.end()
+        }
+        let mut out = Vec::new();
+        write_line(&FloatKey(()), &mut out).expect("writes");
+        assert_eq!(
+            out,
+            [
+                serde_json::to_vec(&FloatKey(())).expect("serde_json"),
+                b"\n".to_vec()
+            ]
+            .concat()
+        );
+        for refused in [
+            serde_json::to_value(BTreeMap::from([(vec![1u8], 1)])).is_err(),
+            write_line(&BTreeMap::from([(vec![1u8], 1)]), &mut out).is_err(),
+            write_line(&BTreeMap::from([((), 1)]), &mut out).is_err(),
+        ] {
+            assert!(refused);
+        }
+        #[derive(Serialize)]
+        struct NanKey(#[serde(serialize_with = "nan_key")] ());
+        fn nan_key<S: serde::Serializer>(_: &(), s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap as _;
+            let mut map = s.serialize_map(Some(1))?;
+            map.serialize_entry(&f64::NAN, &1)?;
+            map.end()
+        }
+        assert!(serde_json::to_vec(&NanKey(())).is_err());
+        assert!(write_line(&NanKey(()), &mut out).is_err());
+    }
+
+    /// rmcp's own messages (a tool's result with text and structured content, a
+    /// request, a notification, an error) are serde_json's bytes.
+    #[test]
+    fn rmcp_messages_are_serde_json_s_bytes() {
+        use rmcp::model::{
+            CallToolResult, ContentBlock, ErrorData, JsonRpcMessage, ServerJsonRpcMessage,
+            ServerResult,
+        };
+        let text = "# Page\n\n\"quoted\" \t tab \u{1} é 漢字 ".repeat(300);
+        let mut result = CallToolResult::success(vec![ContentBlock::text(text.clone())]);
+        result.structured_content = Some(serde_json::json!({
+            "files": [{"path": "wiki/a.md", "content": text, "chars": 12, "truncated": false}],
+            "score": -1.25e-7,
+        }));
+        let messages: Vec<ServerJsonRpcMessage> = vec![
+            JsonRpcMessage::response(
+                ServerResult::CallToolResult(result),
+                rmcp::model::NumberOrString::Number(7),
+            ),
+            JsonRpcMessage::error(
+                ErrorData::invalid_params(
+                    "bad \"path\"",
+                    Some(serde_json::json!({"path": "../x"})),
+                ),
+                Some(rmcp::model::NumberOrString::String("id-1".into())),
+            ),
+        ];
+        for message in &messages {
+            let mut out = Vec::new();
+            write_line(message, &mut out).expect("writes");
+            let mut expected = serde_json::to_vec(message).expect("serde_json");
+            expected.push(b'\n');
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&expected)
+            );
+        }
     }
 
     #[test]
