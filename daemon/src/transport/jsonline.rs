@@ -26,7 +26,27 @@ struct Line<'o> {
     out: &'o mut Vec<u8>,
 }
 
-impl Line<'_> {
+impl<'o> Line<'o> {
+    /// Open a compound: for a variant's, `{"variant":` first; then `opening`.
+    fn open<'l>(
+        &'l mut self,
+        variant: Option<&str>,
+        opening: u8,
+        close: &'static [u8],
+    ) -> Compound<'l, 'o> {
+        if let Some(variant) = variant {
+            self.out.push(b'{');
+            write_str(self.out, variant);
+            self.out.push(b':');
+        }
+        self.out.push(opening);
+        Compound {
+            line: self,
+            first: true,
+            close,
+        }
+    }
+
     /// A number as serde_json writes it (non-finite floats as `null`).
     fn number<N: Serialize>(&mut self, number: N) -> serde_json::Result<()> {
         serde_json::to_writer(&mut *self.out, &number)
@@ -177,12 +197,7 @@ impl<'l, 'o> ser::Serializer for &'l mut Line<'o> {
         Ok(())
     }
     fn serialize_seq(self, _len: Option<usize>) -> serde_json::Result<Compound<'l, 'o>> {
-        self.out.push(b'[');
-        Ok(Compound {
-            line: self,
-            first: true,
-            close: b"]",
-        })
+        Ok(self.open(None, b'[', b"]"))
     }
     fn serialize_tuple(self, len: usize) -> serde_json::Result<Compound<'l, 'o>> {
         self.serialize_seq(Some(len))
@@ -201,22 +216,10 @@ impl<'l, 'o> ser::Serializer for &'l mut Line<'o> {
         variant: &'static str,
         _len: usize,
     ) -> serde_json::Result<Compound<'l, 'o>> {
-        self.out.push(b'{');
-        write_str(self.out, variant);
-        self.out.extend_from_slice(b":[");
-        Ok(Compound {
-            line: self,
-            first: true,
-            close: b"]}",
-        })
+        Ok(self.open(Some(variant), b'[', b"]}"))
     }
     fn serialize_map(self, _len: Option<usize>) -> serde_json::Result<Compound<'l, 'o>> {
-        self.out.push(b'{');
-        Ok(Compound {
-            line: self,
-            first: true,
-            close: b"}",
-        })
+        Ok(self.open(None, b'{', b"}"))
     }
     fn serialize_struct(
         self,
@@ -232,60 +235,32 @@ impl<'l, 'o> ser::Serializer for &'l mut Line<'o> {
         variant: &'static str,
         _len: usize,
     ) -> serde_json::Result<Compound<'l, 'o>> {
-        self.out.push(b'{');
-        write_str(self.out, variant);
-        self.out.extend_from_slice(b":{");
-        Ok(Compound {
-            line: self,
-            first: true,
-            close: b"}}",
-        })
+        Ok(self.open(Some(variant), b'{', b"}}"))
     }
 }
 
-impl ser::SerializeSeq for Compound<'_, '_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_element<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
-        self.element(value)
-    }
-    fn end(self) -> serde_json::Result<()> {
-        Compound::end(self)
-    }
+/// The sequence-like compounds: each element after a comma.
+macro_rules! elements {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl ser::$trait for Compound<'_, '_> {
+            type Ok = ();
+            type Error = serde_json::Error;
+            fn $method<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
+                self.element(value)
+            }
+            fn end(self) -> serde_json::Result<()> {
+                Compound::end(self)
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Compound<'_, '_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_element<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
-        self.element(value)
-    }
-    fn end(self) -> serde_json::Result<()> {
-        Compound::end(self)
-    }
-}
-
-impl ser::SerializeTupleStruct for Compound<'_, '_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_field<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
-        self.element(value)
-    }
-    fn end(self) -> serde_json::Result<()> {
-        Compound::end(self)
-    }
-}
-
-impl ser::SerializeTupleVariant for Compound<'_, '_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_field<T: ?Sized + Serialize>(&mut self, value: &T) -> serde_json::Result<()> {
-        self.element(value)
-    }
-    fn end(self) -> serde_json::Result<()> {
-        Compound::end(self)
-    }
-}
+elements!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl ser::SerializeMap for Compound<'_, '_> {
     type Ok = ();
@@ -305,35 +280,27 @@ impl ser::SerializeMap for Compound<'_, '_> {
     }
 }
 
-impl ser::SerializeStruct for Compound<'_, '_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_field<T: ?Sized + Serialize>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> serde_json::Result<()> {
-        self.field(key, value)
-    }
-    fn end(self) -> serde_json::Result<()> {
-        Compound::end(self)
-    }
+/// The struct-like compounds: each field as `"key":value` after a comma.
+macro_rules! fields {
+    ($($trait:ident),*) => {$(
+        impl ser::$trait for Compound<'_, '_> {
+            type Ok = ();
+            type Error = serde_json::Error;
+            fn serialize_field<T: ?Sized + Serialize>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> serde_json::Result<()> {
+                self.field(key, value)
+            }
+            fn end(self) -> serde_json::Result<()> {
+                Compound::end(self)
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeStructVariant for Compound<'_, '_> {
-    type Ok = ();
-    type Error = serde_json::Error;
-    fn serialize_field<T: ?Sized + Serialize>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> serde_json::Result<()> {
-        self.field(key, value)
-    }
-    fn end(self) -> serde_json::Result<()> {
-        Compound::end(self)
-    }
-}
+fields!(SerializeStruct, SerializeStructVariant);
 
 /// A map's key, as serde_json writes one: a string, or a number (a finite one), a bool
 /// or a char in quotes; anything else is refused as serde_json refuses it.
