@@ -86,6 +86,65 @@ impl Compound<'_, '_> {
     }
 }
 
+/// The integer methods of a serializer, each handing the integer to `$helper`.
+macro_rules! integers {
+    ($helper:ident) => {
+        integers!($helper;
+            serialize_i8: i8, serialize_i16: i16, serialize_i32: i32, serialize_i64: i64,
+            serialize_i128: i128, serialize_u8: u8, serialize_u16: u16, serialize_u32: u32,
+            serialize_u64: u64, serialize_u128: u128);
+    };
+    ($helper:ident; $($method:ident: $kind:ty),*) => {$(
+        fn $method(self, v: $kind) -> serde_json::Result<()> {
+            self.$helper(v)
+        }
+    )*};
+}
+
+/// What both serializers (a value's, a map key's) write as they would the content: a
+/// unit variant as its name, a newtype struct as what it wraps (serde_json does the same).
+macro_rules! as_their_content {
+    () => {
+        fn serialize_unit_variant(
+            self,
+            _name: &'static str,
+            _index: u32,
+            variant: &'static str,
+        ) -> serde_json::Result<()> {
+            self.serialize_str(variant)
+        }
+        fn serialize_newtype_struct<T: ?Sized + Serialize>(
+            self,
+            _name: &'static str,
+            value: &T,
+        ) -> serde_json::Result<()> {
+            value.serialize(self)
+        }
+    };
+}
+
+/// The methods of `Line` that open a compound of one kind (`[` or `{`): the plain one,
+/// a named one (a tuple struct, a struct) and a variant's.
+macro_rules! opening {
+    ($plain:ident, $named:ident, $variant:ident, $open:expr, $close:expr, $variant_close:expr) => {
+        fn $plain(self, _len: Option<usize>) -> serde_json::Result<Compound<'l, 'o>> {
+            Ok(self.open(None, $open, $close))
+        }
+        fn $named(self, _name: &'static str, _len: usize) -> serde_json::Result<Compound<'l, 'o>> {
+            Ok(self.open(None, $open, $close))
+        }
+        fn $variant(
+            self,
+            _name: &'static str,
+            _index: u32,
+            variant: &'static str,
+            _len: usize,
+        ) -> serde_json::Result<Compound<'l, 'o>> {
+            Ok(self.open(Some(variant), $open, $variant_close))
+        }
+    };
+}
+
 impl<'l, 'o> ser::Serializer for &'l mut Line<'o> {
     type Ok = ();
     type Error = serde_json::Error;
@@ -102,36 +161,7 @@ impl<'l, 'o> ser::Serializer for &'l mut Line<'o> {
             .extend_from_slice(if v { b"true" } else { b"false" });
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_i16(self, v: i16) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_i32(self, v: i32) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_i64(self, v: i64) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_i128(self, v: i128) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_u8(self, v: u8) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_u16(self, v: u16) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_u32(self, v: u32) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_u64(self, v: u64) -> serde_json::Result<()> {
-        self.number(v)
-    }
-    fn serialize_u128(self, v: u128) -> serde_json::Result<()> {
-        self.number(v)
-    }
+    integers!(number);
     fn serialize_f32(self, v: f32) -> serde_json::Result<()> {
         self.number(v)
     }
@@ -167,21 +197,7 @@ impl<'l, 'o> ser::Serializer for &'l mut Line<'o> {
     fn serialize_unit_struct(self, _name: &'static str) -> serde_json::Result<()> {
         self.serialize_unit()
     }
-    fn serialize_unit_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-    ) -> serde_json::Result<()> {
-        self.serialize_str(variant)
-    }
-    fn serialize_newtype_struct<T: ?Sized + Serialize>(
-        self,
-        _name: &'static str,
-        value: &T,
-    ) -> serde_json::Result<()> {
-        value.serialize(self)
-    }
+    as_their_content!();
     fn serialize_newtype_variant<T: ?Sized + Serialize>(
         self,
         _name: &'static str,
@@ -196,47 +212,25 @@ impl<'l, 'o> ser::Serializer for &'l mut Line<'o> {
         self.out.push(b'}');
         Ok(())
     }
-    fn serialize_seq(self, _len: Option<usize>) -> serde_json::Result<Compound<'l, 'o>> {
-        Ok(self.open(None, b'[', b"]"))
-    }
     fn serialize_tuple(self, len: usize) -> serde_json::Result<Compound<'l, 'o>> {
         self.serialize_seq(Some(len))
     }
-    fn serialize_tuple_struct(
-        self,
-        _name: &'static str,
-        len: usize,
-    ) -> serde_json::Result<Compound<'l, 'o>> {
-        self.serialize_seq(Some(len))
-    }
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-        _len: usize,
-    ) -> serde_json::Result<Compound<'l, 'o>> {
-        Ok(self.open(Some(variant), b'[', b"]}"))
-    }
-    fn serialize_map(self, _len: Option<usize>) -> serde_json::Result<Compound<'l, 'o>> {
-        Ok(self.open(None, b'{', b"}"))
-    }
-    fn serialize_struct(
-        self,
-        _name: &'static str,
-        len: usize,
-    ) -> serde_json::Result<Compound<'l, 'o>> {
-        self.serialize_map(Some(len))
-    }
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-        _len: usize,
-    ) -> serde_json::Result<Compound<'l, 'o>> {
-        Ok(self.open(Some(variant), b'{', b"}}"))
-    }
+    opening!(
+        serialize_seq,
+        serialize_tuple_struct,
+        serialize_tuple_variant,
+        b'[',
+        b"]",
+        b"]}"
+    );
+    opening!(
+        serialize_map,
+        serialize_struct,
+        serialize_struct_variant,
+        b'{',
+        b"}",
+        b"}}"
+    );
 }
 
 /// The sequence-like compounds: each element after a comma.
@@ -349,51 +343,8 @@ impl ser::Serializer for Key<'_> {
             .extend_from_slice(if v { b"\"true\"" } else { b"\"false\"" });
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_i16(self, v: i16) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_i32(self, v: i32) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_i64(self, v: i64) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_i128(self, v: i128) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_u8(self, v: u8) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_u16(self, v: u16) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_u32(self, v: u32) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_u64(self, v: u64) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_u128(self, v: u128) -> serde_json::Result<()> {
-        self.quoted(v)
-    }
-    fn serialize_unit_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-    ) -> serde_json::Result<()> {
-        self.serialize_str(variant)
-    }
-    fn serialize_newtype_struct<T: ?Sized + Serialize>(
-        self,
-        _name: &'static str,
-        value: &T,
-    ) -> serde_json::Result<()> {
-        value.serialize(self)
-    }
+    integers!(quoted);
+    as_their_content!();
     fn serialize_f32(self, v: f32) -> serde_json::Result<()> {
         if !v.is_finite() {
             return Err(float_key_must_be_finite());
@@ -563,7 +514,7 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    fn same_as_serde_json(value: &Value) {
+    fn same_as_serde_json<T: Serialize>(value: &T) {
         let mut out = Vec::new();
         write_line(value, &mut out).expect("writes");
         let mut expected = serde_json::to_vec(value).expect("serde_json");
@@ -679,14 +630,7 @@ mod tests {
             ]),
             floats: vec![f64::NAN, f64::INFINITY, -0.0, 1e300, 123.456],
         };
-        let mut out = Vec::new();
-        write_line(&message, &mut out).expect("writes");
-        let mut expected = serde_json::to_vec(&message).expect("serde_json");
-        expected.push(b'\n');
-        assert_eq!(
-            String::from_utf8_lossy(&out),
-            String::from_utf8_lossy(&expected)
-        );
+        same_as_serde_json(&message);
         #[derive(Serialize)]
         struct FloatKey(#[serde(serialize_with = "float_key")] ());
         fn float_key<S: serde::Serializer>(_: &(), s: S) -> Result<S::Ok, S::Error> {
@@ -753,14 +697,7 @@ mod tests {
             ),
         ];
         for message in &messages {
-            let mut out = Vec::new();
-            write_line(message, &mut out).expect("writes");
-            let mut expected = serde_json::to_vec(message).expect("serde_json");
-            expected.push(b'\n');
-            assert_eq!(
-                String::from_utf8_lossy(&out),
-                String::from_utf8_lossy(&expected)
-            );
+            same_as_serde_json(message);
         }
     }
 
