@@ -75,17 +75,12 @@ pub fn run(options: DaemonOptions) -> Result<()> {
         });
         return Err(error);
     }
-    // One async worker (issue 15, part 3): the async side only moves frames (a call
-    // crosses the connection's reader task, rmcp's service and its writer task), and a
-    // second worker was woken at nearly every hop; the quick tools run inline on this
-    // worker and everything that blocks hands it off (`block_in_place`,
-    // `blocking::section`). Against two workers, 3,000 calls each at 10k pages (profiling
-    // build under perf): the daemon's CPU per ping 163 -> 55 µs, per read of one page
-    // 282 -> 136 µs, per rare-word search 501 -> 288 µs, context switches per call
-    // 3.5-3.9 -> 1.4-1.7; the socket ping 86-87 -> 64 µs (release). The writers' rows
-    // stayed within their noise (BENCHMARKS.md).
+    // Two workers: quick calls of two sessions can overlap. One worker was measured
+    // (BENCHMARKS.md, fourth session of 2026-12-07): about 40 % fewer context switches
+    // and a faster bare ping, but no call faster end to end beyond the noise, and a
+    // read of one page slower in the round-robin.
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .max_blocking_threads(32)
         .enable_all()
         .build()

@@ -269,8 +269,8 @@ const QUICK_TOOLS: [&str; 3] = ["read", "search", "guide"];
 /// 145.8 -> 122.2 µs over the shim).
 ///
 /// On the daemon's multi-thread runtime the body runs on the thread that took the
-/// request (`block_in_place`: the runtime hands the worker's core and its other tasks to
-/// another thread): sending it to the blocking pool and waking the task again cost two thread
+/// request (`block_in_place`: the runtime hands that thread's other tasks to another
+/// worker): sending it to the blocking pool and waking the task again cost two thread
 /// switches per call, about a fifth of a read of one page (`finish_task_switch` was
 /// 18-32 % of the daemon's samples for reads and rare-word searches). Elsewhere (a
 /// current-thread runtime, where that is not allowed) it goes to the blocking pool.
