@@ -431,6 +431,7 @@ fn catch_up_in(store: &Store, workspace: &str, folder: Option<&str>) -> ToolResu
         }
     }
     changed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    spread_first(&mut changed, SPREAD);
     // A file created since the walk (by a write, which indexed it) is not removed;
     // files the walk skips (hidden) are, as before.
     let hidden = |p: &str| p.split('/').any(|c| c.starts_with('.'));
@@ -499,6 +500,30 @@ fn catch_up_in(store: &Store, workspace: &str, folder: Option<&str>) -> ToolResu
         store.changed(workspace, relative);
     }
     Ok(result)
+}
+
+/// A catch-up of more files than twice this indexes this many, spread evenly over the
+/// paths, before the rest: the search index chooses its common words from the first
+/// files indexed (`engine::choose_common`), and in path order those are one corner of
+/// the workspace (`raw/` before `wiki/`, a folder's first PDFs).
+pub(crate) const SPREAD: usize = 1_000;
+
+/// Move `count` items spread evenly over `items` to the front, each part keeping its
+/// order; fewer than `2 * count` items are left as they are.
+fn spread_first<T>(items: &mut Vec<T>, count: usize) {
+    if count == 0 || items.len() < 2 * count {
+        return;
+    }
+    let len = items.len();
+    let mut chosen = vec![false; len];
+    for k in 0..count {
+        chosen[k * len / count] = true;
+    }
+    let (first, rest): (Vec<_>, Vec<_>) = std::mem::take(items)
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| chosen[*i]);
+    items.extend(first.into_iter().chain(rest).map(|(_, item)| item));
 }
 
 /// Clears a flag however the scope ends.
@@ -666,6 +691,28 @@ pub fn counts(
 mod tests {
     use super::*;
     use alexandria_proto::ErrorCode;
+
+    #[test]
+    fn spread_first_puts_an_even_sample_first() {
+        let mut items: Vec<usize> = (0..10_000).collect();
+        spread_first(&mut items, 1_000);
+        let first: Vec<usize> = items[..1_000].to_vec();
+        assert_eq!(first, (0..1_000).map(|i| i * 10).collect::<Vec<_>>());
+        // The rest keep their order, and nothing is lost or repeated.
+        assert!(items[1_000..].windows(2).all(|w| w[0] < w[1]));
+        let mut sorted = items.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..10_000).collect::<Vec<_>>());
+        // An odd length: still 1,000 first, spread to the end.
+        let mut items: Vec<usize> = (0..2_999).collect();
+        spread_first(&mut items, 1_000);
+        assert_eq!(items[999], 2_996);
+        assert!(items[1_000..].windows(2).all(|w| w[0] < w[1]));
+        // Too few to spread: untouched.
+        let mut few: Vec<usize> = (0..1_999).collect();
+        spread_first(&mut few, 1_000);
+        assert_eq!(few, (0..1_999).collect::<Vec<_>>());
+    }
 
     fn query<'a>(text: &'a str) -> SearchQuery<'a> {
         SearchQuery {
