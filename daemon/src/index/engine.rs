@@ -2497,12 +2497,11 @@ mod tests {
             std::fs::write(folder.join(format!("p{i}.md")), page(&mut random, i)).expect("write");
         }
         super::super::catch_up(&store, "global").expect("catch up");
-        let last: i64 = store
-            .pool
-            .get()
-            .expect("connection")
-            .query_row("SELECT max(seq) FROM search_outbox", [], |row| row.get(0))
-            .expect("last queued");
+        let number = |sql: &str| -> i64 {
+            let connection = store.pool.get().expect("connection");
+            connection.query_row(sql, [], |row| row.get(0)).expect(sql)
+        };
+        let last = number("SELECT max(seq) FROM search_outbox");
         let started = Instant::now();
         let snapshot = loop {
             let snapshot = engine.snapshot();
@@ -2517,12 +2516,7 @@ mod tests {
             "the bulk load was committed with the old common words: {:?}",
             snapshot.common
         );
-        let chunks: i64 = store
-            .pool
-            .get()
-            .expect("connection")
-            .query_row("SELECT count(*) FROM chunks", [], |row| row.get(0))
-            .expect("chunks");
+        let chunks = number("SELECT count(*) FROM chunks");
         assert_eq!(snapshot.searcher.num_docs(), chunks as u64);
     }
 
