@@ -407,12 +407,41 @@ pub fn mark_clean(pool: &Pool, path: &Path) {
     }
 }
 
+/// SQLite's process-wide settings, before its first connection: memory statistics off.
+/// With them on (the bundled build's default) every allocation inside SQLite takes a
+/// global mutex to count itself, which a cold index's catch-up and every tool call paid
+/// for (SQLite's documentation lists `SQLITE_DEFAULT_MEMSTATUS=0` among its speed-ups);
+/// nothing here reads the statistics (`sqlite3_memory_used`, a soft heap limit).
+pub fn configure() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `sqlite3_config` takes SQLITE_CONFIG_MEMSTATUS with one int argument
+        // and must run before SQLite initializes: `Once` runs it once, and it runs
+        // before this module opens any connection. Called later (a connection opened
+        // elsewhere first) it returns SQLITE_MISUSE and changes nothing.
+        #[allow(unsafe_code)]
+        let code = unsafe {
+            rusqlite::ffi::sqlite3_config(
+                rusqlite::ffi::SQLITE_CONFIG_MEMSTATUS,
+                0 as std::ffi::c_int,
+            )
+        };
+        if code != rusqlite::ffi::SQLITE_OK {
+            tracing::debug!(
+                code,
+                "SQLite initialized already: memory statistics left on"
+            );
+        }
+    });
+}
+
 /// Open `state.db` for the daemon: check an existing file (SQLite header, `PRAGMA
 /// quick_check`, schema version, tables and columns), move a damaged one aside as
 /// `state.db.corrupt-<time>` (never deleted) and start a new one. An error here is one
 /// that a new file would not fix (the path cannot be opened, is locked, the disk is
 /// full); it comes back at once, never after a pool timeout.
 pub fn open_checked(path: &Path, busy_timeout: Duration) -> Result<(Pool, OpenReport), DbError> {
+    configure();
     let started = Instant::now();
     let mut report = OpenReport {
         path: path.display().to_string(),
@@ -605,6 +634,7 @@ fn move_aside(path: &Path) -> std::io::Result<PathBuf> {
 /// connection is opened and migrated first, so that a failure is reported at once
 /// (r2d2 would retry until its connection timeout).
 pub fn open(path: &Path, busy_timeout: Duration) -> Result<Pool, DbError> {
+    configure();
     let init = move |connection: &mut Connection| -> rusqlite::Result<()> {
         connection.execute_batch(
             "PRAGMA journal_mode = WAL;

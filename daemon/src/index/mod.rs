@@ -614,11 +614,14 @@ fn record_outside(
     path: &str,
     previous_commit: Option<&str>,
 ) -> ToolResult<()> {
-    connection.execute(
-        "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, previous_commit)
-         VALUES (?1, ?2, NULL, ?3, ?4, 'changed outside alexandria (editor, git pull …)', 'outside', ?5)",
-        params![now_ms(), workspace, op, path, previous_commit],
-    )?;
+    // Cached: a catch-up logs every page that appeared while the daemon was stopped
+    // (100k of them after a copy), and preparing the statement cost more than running it.
+    connection
+        .prepare_cached(
+            "INSERT INTO wiki_log_entries(ts, workspace, run_id, op, path, summary, origin, previous_commit)
+             VALUES (?1, ?2, NULL, ?3, ?4, 'changed outside alexandria (editor, git pull …)', 'outside', ?5)",
+        )?
+        .execute(params![now_ms(), workspace, op, path, previous_commit])?;
     Ok(())
 }
 
