@@ -231,6 +231,19 @@ async fn run_async(options: DaemonOptions) -> Result<()> {
     //    waits for that lock (the watcher's re-index) would keep the guard until its
     //    busy timeout (30 s), and the stop with it.
     let _ = tokio::task::spawn_blocking(|| crate::commit::settle::all_within(SETTLE_GRACE)).await;
+    //    What each repository was last seen consistent as, for the next start's check
+    //    for pages a hand commit dropped (`workspace::dropped::persist`).
+    let store = std::sync::Arc::clone(&context.store);
+    let _ = tokio::task::spawn_blocking(move || {
+        for workspace in store.list_workspaces() {
+            let root = store.workspace_dir(&workspace);
+            let _ = store.state(&workspace).with_repo(&root, |repo| {
+                crate::workspace::dropped::persist(repo);
+                Ok::<(), git2::Error>(())
+            });
+        }
+    })
+    .await;
     // 5. A clean stop: the next start may skip state.db's full check.
     crate::db::mark_clean(&context.store.pool, &home.state_db());
     Ok(())

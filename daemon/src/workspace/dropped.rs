@@ -67,12 +67,86 @@ pub fn seen_at(repo: &Repository, head: Option<Oid>) -> Seen {
     Seen { head, index }
 }
 
-/// Whether `seen` is what the daemon last saw consistent in `repo`.
+/// Whether `seen` is what the daemon last saw consistent in `repo`. Before this process
+/// saw `repo` consistent itself, what the last clean stop kept (`persist`) counts.
 pub fn is_known(repo: &Repository, seen: &Seen) -> bool {
-    SEEN.lock()
+    let mut known = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(known) = known.get(repo.path()) {
+        return known == seen;
+    }
+    let kept = fs::read_to_string(repo.path().join(SEEN_FILE))
+        .ok()
+        .and_then(|text| Seen::parse(&text));
+    if kept.as_ref() == Some(seen) {
+        known.insert(repo.path().to_path_buf(), seen.clone());
+        return true;
+    }
+    false
+}
+
+/// Where a clean stop keeps what the daemon last saw consistent, for the next start:
+/// with HEAD and git's index (the file itself: inode, size, times) still as they were,
+/// no hand commit has dropped anything since, and the start-up check need not walk the
+/// last 256 commits (1.7 s at 100k pages after a stream of writes).
+const SEEN_FILE: &str = "alexandria-seen";
+
+impl Seen {
+    fn to_text(&self) -> String {
+        let head = self
+            .head
+            .map_or_else(|| "-".to_string(), |id| id.to_string());
+        match self.index {
+            Some((ino, size, mtime, mtime_ns, ctime, ctime_ns)) => {
+                format!("{head} {ino} {size} {mtime} {mtime_ns} {ctime} {ctime_ns}\n")
+            }
+            None => format!("{head} -\n"),
+        }
+    }
+
+    fn parse(text: &str) -> Option<Seen> {
+        let mut parts = text.split_whitespace();
+        let head = match parts.next()? {
+            "-" => None,
+            id => Some(Oid::from_str(id).ok()?),
+        };
+        let rest: Vec<&str> = parts.collect();
+        let index = match rest.as_slice() {
+            ["-"] => None,
+            [ino, size, mtime, mtime_ns, ctime, ctime_ns] => Some((
+                ino.parse().ok()?,
+                size.parse().ok()?,
+                mtime.parse().ok()?,
+                mtime_ns.parse().ok()?,
+                ctime.parse().ok()?,
+                ctime_ns.parse().ok()?,
+            )),
+            _ => return None,
+        };
+        Some(Seen { head, index })
+    }
+}
+
+/// At a clean stop (git's indexes written): keep what the daemon last saw consistent in
+/// `repo` for the next start when HEAD and the index are still that; otherwise remove
+/// what an earlier stop kept. Best effort: without the file the next start checks.
+pub fn persist(repo: &Repository) {
+    let path = repo.path().join(SEEN_FILE);
+    let now = seen_now(repo);
+    let consistent = SEEN
+        .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(repo.path())
-        .is_some_and(|known| known == seen)
+        .is_some_and(|known| *known == now);
+    if !consistent {
+        let _ = fs::remove_file(&path);
+        return;
+    }
+    let temp = path.with_extension("tmp");
+    let written = fs::write(&temp, now.to_text()).and_then(|()| fs::rename(&temp, &path));
+    if let Err(error) = written {
+        tracing::debug!(%error, "cannot keep what the daemon saw consistent");
+        let _ = fs::remove_file(&temp);
+    }
 }
 
 /// Remember `seen` as consistent (nothing dropped).
@@ -327,6 +401,44 @@ mod tests {
         let parents: Vec<&git2::Commit<'_>> = parents.iter().collect();
         repo.commit(Some("HEAD"), &me, &me, "c", &tree, &parents)
             .expect("commit")
+    }
+
+    /// What a clean stop keeps counts at the next start (a process that never saw the
+    /// repository), and only while HEAD and the index are still as they were.
+    #[test]
+    fn what_a_clean_stop_kept_counts_until_head_or_the_index_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repository::init(dir.path()).expect("init");
+        commit(&repo, "alexandria", &[("wiki/p.md", Some("p"))]);
+        let forget = |repo: &Repository| {
+            SEEN.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(repo.path());
+        };
+        // Never seen consistent: nothing kept.
+        persist(&repo);
+        assert!(!repo.path().join(SEEN_FILE).exists());
+        remember(&repo, seen_now(&repo));
+        persist(&repo);
+        forget(&repo);
+        assert!(is_known(&repo, &seen_now(&repo)), "kept by the stop");
+        // A hand commit while the daemon was stopped: checked again.
+        forget(&repo);
+        commit(&repo, "Hand", &[("wiki/h.md", Some("h"))]);
+        assert!(!is_known(&repo, &seen_now(&repo)));
+        // An index written again (same HEAD): checked again.
+        remember(&repo, seen_now(&repo));
+        persist(&repo);
+        forget(&repo);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut index = repo.index().expect("index");
+        index.read(true).expect("read");
+        index.write().expect("write");
+        assert!(!is_known(&repo, &seen_now(&repo)));
+        // A stop that finds them changed since removes what an earlier one kept.
+        persist(&repo);
+        assert!(!repo.path().join(SEEN_FILE).exists());
+        assert_eq!(Seen::parse("junk"), None);
     }
 
     #[test]
