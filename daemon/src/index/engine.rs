@@ -42,11 +42,11 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tantivy::directory::{MmapDirectory, RamDirectory};
 use tantivy::indexer::{IndexWriterOptions, LogMergePolicy, NoMergePolicy};
 use tantivy::query::{
-    Bm25StatisticsProvider, BooleanQuery, ConstScoreQuery, EmptyQuery, EnableScoring, Occur,
-    PhraseQuery, Query, Scorer, TermQuery, Weight,
+    Bm25StatisticsProvider, BooleanQuery, ConstScoreQuery, ConstScorer, EmptyQuery, EnableScoring,
+    Occur, PhraseQuery, Query, Scorer, TermQuery, Weight,
 };
 use tantivy::schema::{
-    FAST, Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
+    FAST, Field, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
 };
 use tantivy::tokenizer::{Token, TokenStream, Tokenizer, TokenizerManager};
 use tantivy::{
@@ -60,7 +60,7 @@ use crate::db::Pool;
 use crate::workspace::Store;
 
 /// Bumped when the schema or the terms change: an index with another one is rebuilt.
-const FORMAT: u32 = 5;
+const FORMAT: u32 = 6;
 /// Writer memory: the terms held before a segment is written (tantivy's floor is 15 MB).
 /// A segment written sorts its terms, builds their dictionary and the postings' block
 /// maxima: with 32 MB, a cold index of 10k pages wrote one every few thousand pages and
@@ -168,7 +168,10 @@ struct Fields {
 
 fn schema() -> (Schema, Fields) {
     let mut builder = Schema::builder();
-    let file_id = builder.add_u64_field("file_id", INDEXED | FAST);
+    // Fast only: deletes find a file's chunks by this column (`FilesQuery`). Indexed,
+    // its terms (one per file) made tantivy's term table, which every word of a cold
+    // index probes, four times the size of the words' at 100k pages.
+    let file_id = builder.add_u64_field("file_id", FAST);
     let rowid = builder.add_u64_field("rowid", FAST);
     // Fast too: a search of a workspace holding most of the index checks it per hit
     // instead of intersecting with its postings (`Filters`).
@@ -1353,11 +1356,19 @@ impl Engine {
             self.bulk(writer, feed);
         }
         let files: BTreeSet<i64> = queued.iter().map(|(_, id)| *id).collect();
+        // The batch's earlier versions are deleted before its documents are added (a
+        // delete applies to the documents added before it): one query for the batch,
+        // each a pass over the file ids of the index.
+        let known: Vec<u64> = files
+            .iter()
+            .filter(|id| **id <= feed.max_file)
+            .map(|id| *id as u64)
+            .collect();
+        if !known.is_empty() {
+            writer.delete_query(Box::new(FilesQuery(Arc::new(known))))?;
+        }
         for id in &files {
             let new = *id > feed.max_file;
-            if !new {
-                writer.delete_term(Term::from_field_u64(self.fields.file_id, *id as u64));
-            }
             for (rowid, file, body) in file_chunks(&transaction, *id)? {
                 self.add(writer, feed, self.document(&file, rowid, body))?;
                 feed.added_new += u64::from(new);
@@ -1816,6 +1827,56 @@ fn operands(expr: &Expr, and: bool) -> Vec<&Expr> {
         }
     }
     found
+}
+
+/// The chunks of some files (sorted ids), by the `file_id` column: what a changed or
+/// removed file's chunks are deleted with.
+#[derive(Clone, Debug)]
+struct FilesQuery(Arc<Vec<u64>>);
+
+impl Query for FilesQuery {
+    fn weight(&self, _scoring: EnableScoring<'_>) -> tantivy::Result<Box<dyn Weight>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Weight for FilesQuery {
+    fn scorer(
+        &self,
+        reader: &tantivy::SegmentReader,
+        boost: Score,
+    ) -> tantivy::Result<Box<dyn Scorer>> {
+        let ids = &self.0;
+        let (Some(&low), Some(&high)) = (ids.first(), ids.last()) else {
+            return Ok(Box::new(tantivy::query::EmptyScorer));
+        };
+        let column = reader.fast_fields().u64("file_id")?;
+        let mut candidates = Vec::new();
+        column.get_docids_for_value_range(low..=high, 0..reader.max_doc(), &mut candidates);
+        let mut found = tantivy::BitSet::with_max_value(reader.max_doc());
+        for doc in candidates {
+            if column
+                .first(doc)
+                .is_some_and(|id| ids.binary_search(&id).is_ok())
+            {
+                found.insert(doc);
+            }
+        }
+        Ok(Box::new(ConstScorer::new(
+            tantivy::query::BitSetDocSet::from(found),
+            boost,
+        )))
+    }
+
+    fn explain(
+        &self,
+        _reader: &tantivy::SegmentReader,
+        _doc: DocId,
+    ) -> tantivy::Result<tantivy::query::Explanation> {
+        Err(tantivy::TantivyError::InvalidArgument(
+            "no explanation for a delete".into(),
+        ))
+    }
 }
 
 /// A phrase query whose scorer answers `seek_danger` as a plain `seek` does (tantivy's
