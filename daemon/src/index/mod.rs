@@ -330,6 +330,9 @@ pub fn ensure_fresh_with(
     })
 }
 
+/// The stat key of a file walked without a stat (no file has a negative size).
+const UNSTATED: (i64, i64) = (-1, -1);
+
 /// Result of a catch-up scan.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CatchUp {
@@ -368,6 +371,16 @@ fn catch_up_in(store: &Store, workspace: &str, folder: Option<&str>) -> ToolResu
     // writes need the lock to index their page. Whatever looks changed or removed is
     // checked again under the lock, when writes cannot move it.
     let mut on_disk: HashMap<String, (i64, i64)> = HashMap::new();
+    // A workspace the catalogue holds nothing of (a cold index) is walked without a
+    // stat per file: every file is indexed, and `index_file` stats what it reads. A
+    // file a write indexed since is in the catalogue read under the lock, and gets
+    // its stat there (`UNSTATED` matches no file's).
+    let unstated = folder.is_none() && {
+        let connection = store.pool.get()?;
+        !connection
+            .prepare_cached("SELECT EXISTS(SELECT 1 FROM files WHERE workspace = ?1)")?
+            .query_row(params![workspace], |row| row.get::<_, bool>(0))?
+    };
     let tops: Vec<&str> = match folder {
         Some(folder) => vec![folder],
         None => vec![Layer::Raw.as_str(), Layer::Wiki.as_str()],
@@ -387,6 +400,10 @@ fn catch_up_in(store: &Store, workspace: &str, folder: Option<&str>) -> ToolResu
             let Some(relative) = relative.to_str() else {
                 continue; // non-UTF-8 names cannot be named by tools
             };
+            if unstated {
+                on_disk.insert(relative.to_string(), UNSTATED);
+                continue;
+            }
             let Ok(metadata) = entry.metadata() else {
                 continue;
             };
