@@ -332,7 +332,8 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) -> Phases {
         start = repo.head().ok().and_then(|h| h.target());
         let mut session: Option<git::Session<'_>> = None;
         let mut refused: Option<ToolError> = None;
-        for job in jobs {
+        let count = jobs.len();
+        for (at, job) in jobs.into_iter().enumerate() {
             if let Some(error) = &refused {
                 job.ticket.set(Err(error.clone()));
                 continue;
@@ -370,6 +371,9 @@ fn commit_group(store: &Store, workspace: &str, jobs: Vec<Job>) -> Phases {
             let Some(open) = session.as_mut() else {
                 continue;
             };
+            // The objects of every write but the last are written on another thread
+            // while the next write is committed.
+            open.write_objects_later(at + 1 < count);
             let changed = Cell::new(false);
             let (done, outside, watch) =
                 commit_page(open, &root, &manifest, &dir, &changed, false);

@@ -30,7 +30,7 @@ use std::fs::{self, File, Metadata, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{LazyLock, Mutex, OnceLock, mpsc};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use git2::{FileMode, IndexEntry, IndexTime, Oid, Repository, RepositoryState, Signature};
@@ -481,6 +481,9 @@ pub struct Session<'r> {
     pending: Option<File>,
     /// Object files, refs and the index this session wrote: what must be flushed.
     written: Durable,
+    /// The session's objects, written on the `git-objects` thread (`loose::Objects`):
+    /// waited for before libgit2 reads from the repository and before the branch moves.
+    objects: super::loose::Objects,
     /// The last commit the session made, and its tree (read without reading the
     /// commit).
     made: Option<(Oid, Oid)>,
@@ -714,6 +717,7 @@ impl<'r> Session<'r> {
             touched: BTreeMap::new(),
             pending: None,
             written: Durable::default(),
+            objects: super::loose::Objects::new(repo.path().join("objects")),
             made: None,
             verified,
         }
@@ -742,13 +746,22 @@ impl<'r> Session<'r> {
         self.touched.insert(path.to_string(), entry);
     }
 
+    /// Write the objects of the commits made from now on on the `git-objects` thread
+    /// (`loose::Objects`): for a group's writes but its last, which has nothing left to
+    /// overlap them with.
+    pub fn write_objects_later(&self, later: bool) {
+        self.objects.set_later(later);
+    }
+
     pub fn repo(&self) -> &'r Repository {
+        self.objects.wait();
         self.repo
     }
 
     /// The session's newest commit: what HEAD will be once the session finishes (HEAD
     /// itself does not move before).
     pub fn tip(&self) -> Result<git2::Commit<'r>, GitError> {
+        self.objects.wait();
         Ok(self.repo.find_commit(self.tip)?)
     }
 
@@ -763,7 +776,10 @@ impl<'r> Session<'r> {
             Some((made, tree)) if made == commit => Ok(tree),
             _ => match gittree::remembered_tree(self.repo, commit) {
                 Some(tree) => Ok(tree),
-                None => Ok(self.repo.find_commit(commit)?.tree_id()),
+                None => {
+                    self.objects.wait();
+                    Ok(self.repo.find_commit(commit)?.tree_id())
+                }
             },
         }
     }
@@ -775,6 +791,7 @@ impl<'r> Session<'r> {
         if let Some(found) = gittree::entry_at(self.repo, root, path)? {
             return Ok(found);
         }
+        self.objects.wait();
         match self.repo.find_tree(root)?.get_path(Path::new(path)) {
             Ok(entry) => Ok(Some(entry.id())),
             Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(None),
@@ -800,15 +817,14 @@ impl<'r> Session<'r> {
         message: &str,
         author: &Signature<'_>,
     ) -> Result<Oid, GitError> {
-        let repo = self.repo;
         let mut entries = Vec::with_capacity(changes.len());
         for change in changes {
             let entry = match change.content {
                 Content::Bytes(bytes) => Entry::Blob {
-                    id: super::loose::write(
-                        &repo.path().join("objects"),
+                    id: super::loose::write_later(
+                        &self.objects,
                         git2::ObjectType::Blob,
-                        bytes,
+                        Arc::new(bytes.to_vec()),
                     )
                     .map_err(io("writing a page to git"))?,
                     stat: change.stat.cloned(),
@@ -856,10 +872,11 @@ impl<'r> Session<'r> {
                 Entry::Gone => (path.as_str(), None),
             })
             .collect();
-        let (tree, trees) = match gittree::update(repo, base, &changes)? {
+        let (tree, trees) = match gittree::update(&self.objects, repo, base, &changes)? {
             Some((tree, trees)) => (tree, Some(trees)),
             // What the daemon's tree writer leaves to libgit2 (and its errors).
             None => {
+                self.objects.wait();
                 let mut update = git2::build::TreeUpdateBuilder::new();
                 for &(path, blob) in &changes {
                     match blob {
@@ -873,12 +890,9 @@ impl<'r> Session<'r> {
         // The bytes `repo.commit` would write, written by `loose` (no freshening or pack
         // rescan), without reading the parent and the tree back as libgit2 does.
         let commit = super::loose::commit_bytes(tree, &[parent], author, committer, message);
-        let id = super::loose::write(
-            &repo.path().join("objects"),
-            git2::ObjectType::Commit,
-            &commit,
-        )
-        .map_err(io("writing a commit"))?;
+        let id =
+            super::loose::write_later(&self.objects, git2::ObjectType::Commit, Arc::new(commit))
+                .map_err(io("writing a commit"))?;
         self.made = Some((id, tree));
         gittree::remember_commit(repo, id, tree);
         self.record_objects(id, entries, trees)?;
@@ -928,6 +942,7 @@ impl<'r> Session<'r> {
         if let Some(trees) = trees {
             ids.extend(trees);
         } else {
+            self.objects.wait();
             let tree = repo.find_commit(id)?.tree()?;
             ids.push(tree.id());
             for (path, _) in entries {
@@ -978,6 +993,7 @@ impl<'r> Session<'r> {
             self.chain.push(Link::Moved { id: target });
             self.moved_to(target)?;
         }
+        self.objects.wait();
         let tree = self.repo.find_commit(target)?.tree()?;
         for (path, stat) in paths {
             let entry = match tree.get_path(Path::new(path)) {
@@ -1037,6 +1053,10 @@ impl<'r> Session<'r> {
         })();
         self.chain = chain;
         result?;
+        // The commits made again are written before the branch names them.
+        self.objects
+            .settle()
+            .map_err(io("writing the commits' objects"))?;
         self.base = base;
         self.moved_to(parent)
     }
@@ -1238,6 +1258,10 @@ impl<'r> Session<'r> {
     /// session's newest commit, then release the lock. Returns what the session wrote,
     /// for the flush before the writes are acknowledged.
     pub fn finish(mut self) -> Result<Finished, GitError> {
+        // Every object written before git's index or HEAD's branch names one.
+        self.objects
+            .settle()
+            .map_err(io("writing the commits' objects"))?;
         if self.defer && !self.chain.is_empty() {
             match self.record_index_base() {
                 Ok(()) => return self.finish_deferred(),
@@ -1614,7 +1638,9 @@ mod tests {
                 &me,
             )
             .expect("commit");
-        // The process dies: no drop, the lock and the pending record stay.
+        // The process dies once the commit's objects are written (they are written on
+        // the `git-objects` thread): no drop, the lock and the pending record stay.
+        super::super::loose::drain();
         std::mem::forget(session);
         assert_eq!(repo.head().expect("head").target(), Some(start));
         assert!(remove_own_stale_lock(repo.path()));

@@ -37,6 +37,12 @@ struct Tree {
     entries: Vec<Span>,
 }
 
+impl AsRef<[u8]> for Tree {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 /// One entry of `Tree::bytes`: `<mode> <name>\0<id>`.
 #[derive(Clone, Copy)]
 struct Span {
@@ -171,6 +177,8 @@ impl Kept {
         if let Some(tree) = self.trees.get(&id) {
             return Ok(Some(Arc::clone(tree)));
         }
+        // Not kept: read from the repository, once every queued object is written.
+        loose::drain();
         let odb = repo.odb()?;
         let object = odb.read(id)?;
         if object.kind() != ObjectType::Tree {
@@ -275,6 +283,7 @@ pub type Change<'a> = (&'a str, Option<Oid>);
 /// (the root and the folders along the changed paths). None when libgit2 has to do it
 /// (see the module's note).
 pub fn update(
+    objects: &loose::Objects,
     repo: &Repository,
     base: Oid,
     changes: &[Change<'_>],
@@ -295,6 +304,7 @@ pub fn update(
     let result = with_kept(repo, |kept| {
         Writer {
             repo,
+            objects,
             kept,
             written: &mut written,
         }
@@ -315,6 +325,7 @@ pub fn update(
 
 struct Writer<'r, 'k> {
     repo: &'r Repository,
+    objects: &'k loose::Objects,
     kept: &'k mut Kept,
     written: &'k mut Vec<Oid>,
 }
@@ -374,7 +385,9 @@ impl Writer<'_, '_> {
             let new = match op {
                 Op::Leaf(Some(blob)) => {
                     // libgit2 refuses an entry for an object the repository lacks.
-                    if existing_dir == Some(true) || !self.repo.odb()?.exists(blob) {
+                    if existing_dir == Some(true)
+                        || !(self.objects.queued(blob) || self.repo.odb()?.exists(blob))
+                    {
                         return Ok(None);
                     }
                     Some((BLOB_MODE, blob))
@@ -465,14 +478,11 @@ impl Writer<'_, '_> {
             }
         }
         copy(cursor, tree.entries.len(), &mut out);
-        let id = loose::write(
-            &self.repo.path().join("objects"),
-            ObjectType::Tree,
-            &out.bytes,
-        )
-        .map_err(|e| git2::Error::from_str(&format!("writing a tree: {e}")))?;
+        let out = Arc::new(out);
+        let id = loose::write_later(self.objects, ObjectType::Tree, Arc::clone(&out) as _)
+            .map_err(|e| git2::Error::from_str(&format!("writing a tree: {e}")))?;
         self.written.push(id);
-        self.kept.keep(id, Arc::new(out));
+        self.kept.keep(id, out);
         Ok(Some(Some(id)))
     }
 }
@@ -507,6 +517,7 @@ mod tests {
     fn updates_make_the_trees_libgit2_makes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let repo = Repository::init(dir.path()).expect("init");
+        let objects = loose::Objects::new(repo.path().join("objects"));
         // Names whose order differs between bytes and git's folder rule; `a` is both a
         // file and a folder name, for some conflicts.
         let folders = ["a", "a-b", "a0", "B", "é", "a b", "ab.d"];
@@ -539,7 +550,7 @@ mod tests {
                 })
                 .collect();
             let expected = libgit2(&repo, base, &changes);
-            match update(&repo, base, &changes).expect("update") {
+            match update(&objects, &repo, base, &changes).expect("update") {
                 Some((id, written)) => {
                     ours += 1;
                     let expected = expected.unwrap_or_else(|e| {
@@ -607,6 +618,7 @@ mod tests {
     fn trees_libgit2_would_write_otherwise_are_left_to_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let repo = Repository::init(dir.path()).expect("init");
+        let objects = loose::Objects::new(repo.path().join("objects"));
         let blob = repo.blob(b"x\n").expect("blob");
         let odb = repo.odb().expect("odb");
         // A mode with a leading zero, as some old tools wrote trees.
@@ -614,7 +626,7 @@ mod tests {
         padded.extend_from_slice(blob.as_bytes());
         let base = odb.write(ObjectType::Tree, &padded).expect("tree");
         assert!(
-            update(&repo, base, &[("b.md", Some(blob))])
+            update(&objects, &repo, base, &[("b.md", Some(blob))])
                 .expect("update")
                 .is_none()
         );
@@ -629,11 +641,13 @@ mod tests {
             vec![("x//y.md", Some(blob))],
         ] {
             assert!(
-                update(&repo, base, &changes).expect("update").is_none(),
+                update(&objects, &repo, base, &changes)
+                    .expect("update")
+                    .is_none(),
                 "{changes:?}"
             );
         }
-        let (id, _) = update(&repo, base, &[("a.md", None)])
+        let (id, _) = update(&objects, &repo, base, &[("a.md", None)])
             .expect("update")
             .expect("ours");
         assert_eq!(

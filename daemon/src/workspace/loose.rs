@@ -28,12 +28,13 @@
 //! does). One that exists only in a pack is written loose once more: the same content
 //! under the same name, which the next repack drops (`pack`).
 
+use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io::{self, ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, mpsc};
 
 use flate2::{Compress, Compression, FlushCompress, Status};
 use git2::{ObjectType, Oid};
@@ -182,9 +183,17 @@ fn composed_id(header: &[u8], data: &[u8]) -> io::Result<Oid> {
     Oid::from_bytes(&hasher.finalize()).map_err(io::Error::other)
 }
 
-/// Write `data` as a loose object of `kind` into `objects` (a repository's
-/// `.git/objects`); its id, which is git's (`git hash-object`).
-pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
+/// git's id of `data` as an object of `kind` (`git hash-object`).
+fn object_id(kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
+    let header = header_of(kind, data.len())?;
+    match kind {
+        ObjectType::Tree | ObjectType::Commit => composed_id(header.as_bytes(), data),
+        _ => Oid::hash_object(kind, data).map_err(io::Error::other),
+    }
+}
+
+/// An object's header: `<kind> <size>\0`.
+fn header_of(kind: ObjectType, size: usize) -> io::Result<String> {
     let name = match kind {
         ObjectType::Blob => "blob",
         ObjectType::Tree => "tree",
@@ -197,11 +206,19 @@ pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
             ));
         }
     };
-    let header = format!("{name} {}\0", data.len());
-    let id = match kind {
-        ObjectType::Tree | ObjectType::Commit => composed_id(header.as_bytes(), data)?,
-        _ => Oid::hash_object(kind, data).map_err(io::Error::other)?,
-    };
+    Ok(format!("{name} {size}\0"))
+}
+
+/// Write `data` as a loose object of `kind` into `objects` (a repository's
+/// `.git/objects`); its id, which is git's (`git hash-object`).
+pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
+    let id = object_id(kind, data)?;
+    write_known(objects, kind, id, data)
+}
+
+/// Write `data`, whose id is `id`, as a loose object of `kind` into `objects`.
+fn write_known(objects: &Path, kind: ObjectType, id: Oid, data: &[u8]) -> io::Result<Oid> {
+    let header = header_of(kind, data.len())?;
     let hex = id.to_string();
     let dir = objects.join(&hex[..2]);
     let path = dir.join(&hex[2..]);
@@ -238,6 +255,206 @@ pub fn write(objects: &Path, kind: ObjectType, data: &[u8]) -> io::Result<Oid> {
         let _ = fs::remove_file(&temporary);
         return Err(error);
     }
+    Ok(id)
+}
+
+/// Bytes an object is written from, shared with whoever else holds them (a kept tree).
+pub type Shared = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A git session's objects. In a group of writes (`Session::write_objects_later`), the
+/// objects of every write but the last are written on the `git-objects` thread while
+/// the leader composes the next commit: with 8 writers the leader's thread no longer
+/// creates the 40-odd object files of a group one after the other while the other core
+/// waits. Otherwise (and for objects of 1 MiB or more) each is written at once, after
+/// what is queued. One thread writes them in the order they were made, so a commit's
+/// file never appears before the blobs and trees it names (what recovery relies on
+/// when it publishes a pending commit it finds). Every object is written before
+/// anything reads it from the repository: the session waits (`settle`, `wait`) before
+/// libgit2 reads and before its branch moves, a read of a tree the kept trees lack
+/// waits for every queued object (`drain`), and a blob the session queued counts as
+/// present (`queued`). A write that fails fails the session at `finish` (its commits
+/// are never published, and the group is rolled back). Dropping it waits for what it
+/// queued.
+pub struct Objects {
+    path: PathBuf,
+    pending: Arc<Pending>,
+    queued: Mutex<HashSet<Oid>>,
+    /// Queue the objects (`later`); otherwise each is written at once, after those
+    /// queued before it, so files appear in the order they were made: a commit's
+    /// objects never before the blobs and trees it names.
+    later: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct Pending {
+    state: Mutex<PendingState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct PendingState {
+    count: usize,
+    /// The first write that failed: (kind, message).
+    error: Option<(ErrorKind, String)>,
+}
+
+impl Pending {
+    fn add(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).count += 1;
+    }
+
+    fn done(&self, result: io::Result<()>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.count = state.count.saturating_sub(1);
+        if let Err(error) = result
+            && state.error.is_none()
+        {
+            state.error = Some((error.kind(), error.to_string()));
+        }
+        if state.count == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    fn wait(&self) -> io::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while state.count > 0 {
+            state = self.done.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        match &state.error {
+            None => Ok(()),
+            Some((kind, message)) => Err(io::Error::new(*kind, message.clone())),
+        }
+    }
+}
+
+/// Every object queued, whatever its session: what a read of an object the kept trees
+/// lack waits for.
+static ALL: LazyLock<Pending> = LazyLock::new(Pending::default);
+
+impl Objects {
+    pub fn new(path: PathBuf) -> Objects {
+        Objects {
+            path,
+            pending: Arc::default(),
+            queued: Mutex::new(HashSet::new()),
+            later: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Queue the objects written from now on for the `git-objects` thread (`true`:
+    /// there is more to do meanwhile, the next write of a group) or write them on the
+    /// caller's thread (the default: a lone write would only wait for the thread).
+    pub fn set_later(&self, later: bool) {
+        self.later.store(later, Ordering::Relaxed);
+    }
+
+    /// Wait until every object this session queued is written; the first that could
+    /// not be (it stays failed).
+    pub fn settle(&self) -> io::Result<()> {
+        self.pending.wait()
+    }
+
+    /// Wait for the objects queued, whether or not they were written (a failed one
+    /// fails a read of it, and the session at `finish`).
+    pub fn wait(&self) {
+        let _ = self.pending.wait();
+    }
+
+    /// Whether this session queued (or wrote) the object `id`.
+    pub fn queued(&self, id: Oid) -> bool {
+        self.queued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&id)
+    }
+}
+
+impl Drop for Objects {
+    fn drop(&mut self) {
+        self.wait();
+    }
+}
+
+/// Wait until every object queued by any session is written (before a read of one
+/// the kept trees lack).
+pub fn drain() {
+    let _ = ALL.wait();
+}
+
+struct Job {
+    objects: PathBuf,
+    kind: ObjectType,
+    id: Oid,
+    data: Shared,
+    pending: Arc<Pending>,
+}
+
+/// The `git-objects` thread's queue; None where the thread could not start (objects
+/// are then written on the caller's thread).
+static WRITER: LazyLock<Option<Mutex<mpsc::Sender<Job>>>> = LazyLock::new(|| {
+    let (send, receive) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("git-objects".into())
+        .spawn(move || {
+            for job in receive {
+                let result = write_known(&job.objects, job.kind, job.id, (*job.data).as_ref());
+                job.pending.done(result.map(drop));
+                ALL.done(Ok(()));
+            }
+        })
+        .ok()
+        .map(|_| Mutex::new(send))
+});
+
+/// Objects of this size or more are written on the caller's thread (a big page is not
+/// copied to be queued).
+const QUEUE_BELOW: usize = 1 << 20;
+
+/// The id of `data` as an object of `kind`, written into `objects` on the
+/// `git-objects` thread when the session asked for it (`Objects::set_later`), else at
+/// once (see `Objects`).
+pub fn write_later(objects: &Objects, kind: ObjectType, data: Shared) -> io::Result<Oid> {
+    let bytes = (*data).as_ref();
+    if bytes.len() >= QUEUE_BELOW || !objects.later.load(Ordering::Relaxed) {
+        // After what is queued, so that files appear in the order they were made.
+        objects.settle()?;
+        let id = write(&objects.path, kind, bytes)?;
+        objects
+            .queued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id);
+        return Ok(id);
+    }
+    let id = object_id(kind, bytes)?;
+    let sender = WRITER
+        .as_ref()
+        .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone());
+    objects.pending.add();
+    ALL.add();
+    let job = Job {
+        objects: objects.path.clone(),
+        kind,
+        id,
+        data,
+        pending: Arc::clone(&objects.pending),
+    };
+    // Written here when the thread is gone.
+    let unsent = match sender {
+        Some(sender) => sender.send(job).err().map(|mpsc::SendError(job)| job),
+        None => Some(job),
+    };
+    if let Some(job) = unsent {
+        let result = write_known(&job.objects, job.kind, job.id, (*job.data).as_ref());
+        job.pending.done(result.map(drop));
+        ALL.done(Ok(()));
+    }
+    objects
+        .queued
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id);
     Ok(id)
 }
 
@@ -594,6 +811,56 @@ mod tests {
             &["fsck", "--strict", "--unreachable", "--no-dangling"],
         );
         assert!(write(&objects, ObjectType::Any, b"x").is_err());
+    }
+
+    /// Objects queued on the `git-objects` thread: their ids are git's, each is
+    /// counted as present at once and readable once the session settles; one that
+    /// cannot be written fails `settle` (and keeps failing it), not the call that
+    /// queued it.
+    #[test]
+    fn queued_objects_are_written_before_settle_returns() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = git2::Repository::init(dir.path()).expect("init");
+        let objects = Objects::new(repo.path().join("objects"));
+        objects.set_later(true);
+        let mut ids = Vec::new();
+        for i in 0..200u32 {
+            let data = format!("page {i}\n")
+                .repeat(1 + i as usize * 7)
+                .into_bytes();
+            let id =
+                write_later(&objects, ObjectType::Blob, Arc::new(data.clone())).expect("queued");
+            assert_eq!(id, Oid::hash_object(ObjectType::Blob, &data).expect("hash"));
+            assert!(objects.queued(id));
+            ids.push((id, data));
+        }
+        objects.settle().expect("written");
+        for (id, data) in &ids {
+            assert_eq!(repo.find_blob(*id).expect("read").content(), &data[..]);
+        }
+        // A page of 1 MiB or more is written at once, not copied into the queue.
+        let big = vec![b'x'; QUEUE_BELOW];
+        let id = write_later(&objects, ObjectType::Blob, Arc::new(big)).expect("big");
+        assert!(repo.find_blob(id).is_ok());
+
+        // An objects folder that cannot be made: queued fine, failed at settle.
+        let file = dir.path().join("not-a-folder");
+        fs::write(&file, "x").expect("file");
+        let broken = Objects::new(file.join("objects"));
+        broken.set_later(true);
+        let id =
+            write_later(&broken, ObjectType::Blob, Arc::new(b"lost".to_vec())).expect("queued");
+        assert!(broken.queued(id));
+        assert!(broken.settle().is_err());
+        assert!(broken.settle().is_err(), "stays failed");
+        // Written at once from then on: it fails there.
+        broken.set_later(false);
+        assert!(write_later(&broken, ObjectType::Blob, Arc::new(b"x".to_vec())).is_err());
+        // Other sessions are not affected.
+        let after =
+            write_later(&objects, ObjectType::Blob, Arc::new(b"fine".to_vec())).expect("queued");
+        objects.settle().expect("written");
+        assert!(repo.find_blob(after).is_ok());
     }
 
     fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
